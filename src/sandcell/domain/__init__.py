@@ -1,0 +1,1 @@
+"""Pure types of sandcell: states, reasons, limits, errors. No I/O here."""

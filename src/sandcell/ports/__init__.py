@@ -1,0 +1,1 @@
+"""Protocols the services depend on; adapters implement them."""

@@ -1,0 +1,68 @@
+"""The isolation runtime port: run one sandbox to its end under a budget.
+
+A runtime owns everything on the host that a sandbox needs (bundle, scratch disk, cgroups,
+processes) and releases all of it before `run` returns.
+"""
+
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Protocol
+
+from sandcell.domain.images import Image
+from sandcell.domain.limits import Limits
+from sandcell.domain.states import Reason
+
+
+@dataclass(frozen=True)
+class InputFile:
+    host_path: Path  # a trusted, readable file on the host
+    guest_path: str  # relative path under /input, already validated
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    sandbox_id: str  # unique per attempt; names the runsc container, cgroup and scratch dir
+    image: Image
+    argv: list[str]  # argv[0] absolute; the code, if any, is at /job/main.py
+    env: dict[str, str]
+    limits: Limits
+    code: bytes | None = None
+    inputs: list[InputFile] = field(default_factory=list)
+
+
+class SandboxSink(Protocol):
+    """Where a running sandbox reports to. Called from the runtime's threads."""
+
+    def ready(self) -> None:
+        """The sandbox is up and the program is about to run."""
+
+    def output(self, stream: str, data: bytes) -> None:
+        """A chunk of "stdout" or "stderr", already within the output budget."""
+
+    def output_file(self, path: str, content: BinaryIO, size: int) -> None:
+        """A regular file the program left in /output (path relative to /output)."""
+
+
+@dataclass
+class SandboxResult:
+    exit_code: int | None
+    reason: Reason | None  # None: the program exited 0 within every limit
+    detail: str = ""
+    usage: dict[str, float] = field(default_factory=dict)
+    released: bool = False  # every process gone and every host resource removed, verified
+
+
+class Runtime(Protocol):
+    name: str
+
+    def version(self) -> str: ...
+
+    def check(self) -> None:
+        """Raise RuntimeUnavailable unless sandboxes can start with every protection applied."""
+
+    def run(self, spec: SandboxSpec, sink: SandboxSink, cancel: threading.Event) -> SandboxResult:
+        """Run the sandbox to its end (exit, limit, or `cancel` set); release everything."""
+
+    def reap(self) -> list[str]:
+        """Remove sandboxes and scratch left by an earlier crash; return what was removed."""
