@@ -1,0 +1,1 @@
+"""The HTTP face of sandcell: a thin FastAPI layer over the services."""

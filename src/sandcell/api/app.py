@@ -1,0 +1,53 @@
+"""The FastAPI application: routes, problem details, the body guard, health and metrics."""
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from prometheus_client import make_asgi_app
+
+from sandcell import __version__
+from sandcell.api import admin, problems, routes
+from sandcell.api.deps import Services
+
+
+def create_app(
+    services: Services, max_json_bytes: int, max_upload_bytes: int, max_depth: int
+) -> FastAPI:
+    app = FastAPI(
+        title="sandcell",
+        version=__version__,
+        description="Secure code-interpreter jobs in gVisor sandboxes.",
+    )
+    app.state.services = services
+    problems.install(app)
+    app.include_router(routes.router)
+    app.include_router(admin.router)
+    app.add_middleware(
+        problems.BodyGuard,
+        max_json_bytes=max_json_bytes,
+        max_upload_bytes=max_upload_bytes,
+        max_depth=max_depth,
+    )
+    app.mount("/metrics", make_asgi_app())
+
+    @app.get("/healthz", tags=["health"])
+    def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    def readyz() -> JSONResponse:
+        checks = {
+            "store": _ok(services.store.ping),
+            "image": _ok(lambda: services.images.get(services.default_image)),
+        }
+        ready = all(checks.values())
+        return JSONResponse({"ready": ready, "checks": checks}, 200 if ready else 503)
+
+    return app
+
+
+def _ok(check: object) -> bool:
+    try:
+        check()  # type: ignore[operator]
+    except Exception:
+        return False
+    return True

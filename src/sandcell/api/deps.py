@@ -1,0 +1,50 @@
+"""What routes need from the composition root, and who is calling."""
+
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from sandcell.ports.images import ImageCatalog
+from sandcell.ports.store import Store
+from sandcell.services.auth import AuthService, Principal
+from sandcell.services.files import FileService
+from sandcell.services.jobs import JobService
+
+
+@dataclass(frozen=True)
+class Services:
+    store: Store
+    images: ImageCatalog
+    auth: AuthService
+    jobs: JobService
+    files: FileService
+    signed_url_ttl_s: float
+    default_image: str
+
+
+def services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found
+
+
+bearer = HTTPBearer(auto_error=False, description="an API key: sc_<id>_<secret>")
+
+
+def principal(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> Principal:
+    header = f"Bearer {credentials.credentials}" if credentials else None
+    return services(request).auth.authenticate(header)
+
+
+def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
+    who.require("admin")
+    return who
+
+
+Svc = Annotated[Services, Depends(services)]
+Caller = Annotated[Principal, Depends(principal)]
+Admin = Annotated[Principal, Depends(admin)]

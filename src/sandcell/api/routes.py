@@ -1,0 +1,216 @@
+"""Tenant-facing routes: files, jobs, logs, artifacts."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from anyio import to_thread
+from fastapi import APIRouter, File, Header, Query, Request, Response, UploadFile
+from fastapi.responses import StreamingResponse
+
+from sandcell.api.deps import Caller, Svc
+from sandcell.api.schemas import (
+    ArtifactOut,
+    FileOut,
+    JobIn,
+    JobOut,
+    JobPage,
+    LogsOut,
+    SignedUrlOut,
+)
+from sandcell.api.views import artifact_out, file_out, iso, job_out, log_text
+from sandcell.domain.errors import FieldError, InvalidRequest
+from sandcell.domain.records import InputRef, Job
+from sandcell.domain.states import JobState
+from sandcell.services.jobs import Submission, body_fingerprint
+
+router = APIRouter(prefix="/v1")
+WAIT_STEP_S = 0.1
+MAX_WAIT_S = 60
+
+
+def _job_out(svc: Svc, job: Job) -> JobOut:
+    return job_out(job, svc.store.list_artifacts(job.id))
+
+
+def _submission(body: JobIn) -> Submission:
+    return Submission(
+        image=body.image,
+        code=body.code,
+        command=body.command,
+        inputs=[InputRef(i.file_id, i.path) for i in body.inputs],
+        limits=body.limits.model_dump(exclude_none=True),
+        env=body.env,
+        network=body.network.model_dump(),
+        secrets=[s.model_dump() for s in body.secrets],
+        retry=body.retry.model_dump() if body.retry else {},
+        expires_in_s=body.expires_in_s,
+    )
+
+
+def _idempotency_key(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if not 1 <= len(value) <= 255 or not value.isprintable():
+        raise InvalidRequest(errors=[FieldError("Idempotency-Key", "1 to 255 printable chars")])
+    return value
+
+
+@router.post("/files", status_code=201, response_model=FileOut, tags=["files"])
+def upload_file(svc: Svc, who: Caller, file: Annotated[UploadFile, File()]) -> FileOut:
+    return file_out(svc.files.upload(who, file.filename or "", file.file))
+
+
+@router.get("/files/{file_id}", response_model=FileOut, tags=["files"])
+def get_file(svc: Svc, who: Caller, file_id: str) -> FileOut:
+    return file_out(svc.files.get_file(who, file_id))
+
+
+@router.delete("/files/{file_id}", status_code=204, tags=["files"])
+def delete_file(svc: Svc, who: Caller, file_id: str) -> Response:
+    svc.files.delete_file(who, file_id)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/jobs",
+    status_code=202,
+    response_model=JobOut,
+    tags=["jobs"],
+    responses={200: {"model": JobOut, "description": "replay of an Idempotency-Key"}},
+)
+def submit_job(
+    svc: Svc,
+    who: Caller,
+    body: JobIn,
+    response: Response,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> JobOut:
+    key = _idempotency_key(idempotency_key)
+    fingerprint = body_fingerprint(body.model_dump(mode="json"))
+    job, created = svc.jobs.submit(who, _submission(body), (key, fingerprint) if key else None)
+    if not created:
+        response.status_code = 200
+    response.headers["Location"] = f"/v1/jobs/{job.id}"
+    return _job_out(svc, job)
+
+
+@router.get("/jobs", response_model=JobPage, tags=["jobs"])
+def list_jobs(
+    svc: Svc,
+    who: Caller,
+    state: JobState | None = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> JobPage:
+    jobs, next_cursor = svc.jobs.list_jobs(who, state, cursor, limit)
+    return JobPage(items=[_job_out(svc, job) for job in jobs], next_cursor=next_cursor)
+
+
+@router.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"])
+async def get_job(
+    svc: Svc,
+    who: Caller,
+    job_id: str,
+    wait: Annotated[
+        float, Query(ge=0, le=MAX_WAIT_S, description="seconds to wait for the end")
+    ] = 0,
+) -> JobOut:
+    """The job record; with `wait`, answers as soon as the job is terminal (or wait runs out)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    job = await to_thread.run_sync(svc.jobs.get, who, job_id)
+    while not job.state.is_terminal and loop.time() < deadline:
+        await asyncio.sleep(WAIT_STEP_S)
+        job = await to_thread.run_sync(svc.jobs.get, who, job_id)
+    return await to_thread.run_sync(_job_out, svc, job)
+
+
+@router.get(
+    "/jobs/{job_id}/logs",
+    response_model=LogsOut,
+    tags=["jobs"],
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+def job_logs(svc: Svc, who: Caller, job_id: str, request: Request) -> Any:
+    if "text/event-stream" in request.headers.get("accept", ""):
+        svc.jobs.get(who, job_id)
+        return StreamingResponse(_log_events(svc, who, job_id), media_type="text/event-stream")
+    streams: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+    for chunk in svc.jobs.logs(who, job_id):
+        streams[chunk.stream].extend(chunk.data)
+    return LogsOut(
+        stdout=log_text(bytes(streams["stdout"])), stderr=log_text(bytes(streams["stderr"]))
+    )
+
+
+async def _log_events(svc: Svc, who: Any, job_id: str) -> AsyncIterator[str]:
+    """Server-sent events: one `stdout`/`stderr` event per chunk, then `end` with the state."""
+    seq = -1
+    while True:
+        job = await to_thread.run_sync(svc.jobs.get, who, job_id)
+        chunks = await to_thread.run_sync(svc.jobs.logs, who, job_id, seq)
+        for chunk in chunks:
+            seq = chunk.seq
+            data = json.dumps(log_text(chunk.data))
+            yield f"id: {chunk.seq}\nevent: {chunk.stream}\ndata: {data}\n\n"
+        if job.state.is_terminal and not chunks:
+            end = {"state": job.state.value, "reason": job.reason.value if job.reason else None}
+            yield f"event: end\ndata: {json.dumps(end)}\n\n"
+            return
+        await asyncio.sleep(0.2 if not chunks else 0)
+
+
+@router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobOut, tags=["jobs"])
+def cancel_job(svc: Svc, who: Caller, job_id: str) -> JobOut:
+    return _job_out(svc, svc.jobs.cancel(who, job_id))
+
+
+@router.delete("/jobs/{job_id}", tags=["jobs"])
+def retire_job(svc: Svc, who: Caller, job_id: str) -> dict[str, Any]:
+    """Retire the job now; the answer is a deletion report."""
+    return svc.jobs.retire(who, job_id)
+
+
+@router.get("/artifacts/{artifact_id}", response_model=ArtifactOut, tags=["artifacts"])
+def get_artifact(svc: Svc, who: Caller, artifact_id: str) -> ArtifactOut:
+    return artifact_out(svc.files.artifact(who, artifact_id))
+
+
+@router.get(
+    "/artifacts/{artifact_id}/content",
+    tags=["artifacts"],
+    responses={200: {"content": {"application/octet-stream": {}}}},
+    response_class=StreamingResponse,
+)
+def artifact_content(
+    svc: Svc,
+    request: Request,
+    artifact_id: str,
+    expires: int | None = None,
+    sig: Annotated[str | None, Query(max_length=128)] = None,
+) -> StreamingResponse:
+    """The bytes, with an API key or with a signed URL's `expires` and `sig`."""
+    if sig is not None and expires is not None:
+        artifact = svc.files.artifact_by_signature(artifact_id, expires, sig)
+    else:
+        who = svc.auth.authenticate(request.headers.get("authorization"))
+        artifact = svc.files.artifact(who, artifact_id)
+    content = svc.files.open_artifact(artifact)
+    name = artifact.path.rsplit("/", 1)[-1].encode("ascii", "replace").decode().replace('"', "_")
+    headers = {
+        "Content-Disposition": f'attachment; filename="{name}"',
+        "Content-Length": str(artifact.size),
+        "X-Content-SHA256": artifact.sha256,
+        "X-Content-Type-Options": "nosniff",
+    }
+    return StreamingResponse(content, media_type="application/octet-stream", headers=headers)
+
+
+@router.post("/artifacts/{artifact_id}/url", response_model=SignedUrlOut, tags=["artifacts"])
+def sign_artifact_url(svc: Svc, who: Caller, artifact_id: str) -> SignedUrlOut:
+    artifact = svc.files.artifact(who, artifact_id)
+    expires, sig = svc.files.sign(artifact, svc.signed_url_ttl_s)
+    url = f"/v1/artifacts/{artifact.id}/content?expires={expires}&sig={sig}"
+    return SignedUrlOut(url=url, expires_at=iso(expires) or "")

@@ -1,0 +1,178 @@
+"""Request and response bodies of the HTTP API (the OpenAPI document comes from these)."""
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from sandcell.domain.paths import safe_relative_path
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _no_nul(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError("must not contain NUL")
+    return value
+
+
+def _relative_path(value: str) -> str:
+    return safe_relative_path(value)
+
+
+def _env(value: dict[str, str]) -> dict[str, str]:
+    for name, item in value.items():
+        if not ENV_NAME.match(name):
+            raise ValueError(f"{name!r} is not a valid environment variable name")
+        if name.upper().startswith("SANDCELL_"):
+            raise ValueError(f"{name!r}: the SANDCELL_ prefix is reserved")
+        _no_nul(item)
+    return value
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+RelativePath = Annotated[str, AfterValidator(_relative_path)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class InputIn(Strict):
+    file_id: str = Field(max_length=64)
+    path: RelativePath = Field(description="where the file appears, relative to /input")
+
+
+class LimitsIn(Strict):
+    timeout_s: float | None = Field(None, description="wall clock seconds")
+    cpu: float | None = Field(None, description="cores")
+    memory_mb: int | None = None
+    pids: int | None = None
+    disk_mb: int | None = Field(None, description="/workspace and /output together")
+    output_mb: float | None = Field(None, description="stdout and stderr together")
+
+
+class NetworkIn(Strict):
+    allow: list[Annotated[str, Field(max_length=253)]] = Field(default_factory=list, max_length=64)
+
+
+class SecretIn(Strict):
+    name: str = Field(max_length=128)
+    hosts: list[str] = Field(max_length=16)
+    header: str = Field(max_length=128)
+    format: str = Field("{value}", max_length=256)
+
+
+class RetryIn(Strict):
+    max_attempts: int = Field(1, ge=1, le=5)
+
+
+class JobIn(Strict):
+    image: str | None = Field(None, max_length=64, pattern=r"^[a-z0-9][a-z0-9.-]*$")
+    code: Text | None = Field(None, max_length=1_000_000, description="Python source")
+    command: list[Annotated[Text, Field(max_length=8192)]] | None = Field(
+        None, min_length=1, max_length=256, description="argv, instead of code"
+    )
+    inputs: list[InputIn] = Field(default_factory=list, max_length=256)
+    limits: LimitsIn = Field(default_factory=LimitsIn)
+    network: NetworkIn = Field(default_factory=NetworkIn)
+    secrets: list[SecretIn] = Field(default_factory=list, max_length=16)
+    env: Annotated[dict[str, str], AfterValidator(_env)] = Field(
+        default_factory=dict, max_length=128
+    )
+    retry: RetryIn | None = None
+    expires_in_s: float | None = Field(None, gt=0, le=7 * 86400)
+
+    @model_validator(mode="after")
+    def _code_or_command(self) -> "JobIn":
+        if (self.code is None) == (self.command is None):
+            raise ValueError("give exactly one of code or command")
+        return self
+
+
+class OutputOut(BaseModel):
+    artifact_id: str
+    path: str
+    size: int
+    sha256: str
+
+
+class JobOut(BaseModel):
+    id: str
+    state: str
+    reason: str | None
+    exit_code: int | None
+    detail: str
+    image: str
+    image_digest: str | None
+    runtime: str | None
+    runtime_version: str | None
+    pooled: bool
+    accepted_at: str
+    started_at: str | None
+    finished_at: str | None
+    expires_at: str | None
+    queue_ms: float | None
+    start_ms: float | None
+    run_ms: float | None
+    limits: dict[str, float]
+    usage: dict[str, float]
+    outputs: list[OutputOut]
+    stages: list[dict[str, Any]]
+    attempts: list[dict[str, Any]]
+    egress: list[dict[str, Any]]
+    cancel_requested: bool
+    retired_at: str | None
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    next_cursor: str | None
+
+
+class LogsOut(BaseModel):
+    stdout: str
+    stderr: str
+
+
+class FileOut(BaseModel):
+    id: str
+    name: str
+    size: int
+    sha256: str
+    created_at: str
+
+
+class ArtifactOut(BaseModel):
+    id: str
+    job_id: str
+    path: str
+    size: int
+    sha256: str
+    created_at: str
+
+
+class SignedUrlOut(BaseModel):
+    url: str
+    expires_at: str
+
+
+class TenantIn(Strict):
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$")
+    limits: LimitsIn = Field(default_factory=LimitsIn)
+    images: list[str] | None = Field(None, max_length=64)
+
+
+class TenantOut(BaseModel):
+    id: str
+    name: str
+
+
+class KeyIn(Strict):
+    scopes: list[str] | None = Field(None, max_length=8)
+
+
+class KeyOut(BaseModel):
+    id: str
+    key: str
+    tenant_id: str | None

@@ -1,0 +1,73 @@
+"""Records rendered as the API shows them."""
+
+from datetime import UTC, datetime
+
+from sandcell.api.schemas import ArtifactOut, FileOut, JobOut, OutputOut
+from sandcell.domain.records import Artifact, Job, StoredFile
+
+
+def iso(at: float | None) -> str | None:
+    return datetime.fromtimestamp(at, UTC).isoformat() if at is not None else None
+
+
+def _ms(start: float | None, end: float | None) -> float | None:
+    return round((end - start) * 1000, 1) if start is not None and end is not None else None
+
+
+def job_out(job: Job, outputs: list[Artifact]) -> JobOut:
+    ready = job.started_at
+    return JobOut(
+        id=job.id,
+        state=job.state.value,
+        reason=job.reason.value if job.reason else None,
+        exit_code=job.exit_code,
+        detail=job.detail,
+        image=job.spec.image,
+        image_digest=job.image_digest,
+        runtime=job.runtime,
+        runtime_version=job.runtime_version,
+        pooled=False,
+        accepted_at=iso(job.accepted_at) or "",
+        started_at=iso(job.started_at),
+        finished_at=iso(job.finished_at),
+        expires_at=iso(job.expires_at),
+        queue_ms=_ms(job.accepted_at, job.claimed_at),
+        start_ms=_ms(job.claimed_at, ready),
+        run_ms=_ms(ready, job.finished_at),
+        limits=job.spec.limits.as_dict(),
+        usage=job.usage,
+        outputs=[
+            OutputOut(artifact_id=a.id, path=a.path, size=a.size, sha256=a.sha256) for a in outputs
+        ],
+        stages=[],
+        attempts=job.attempts,
+        egress=[],
+        cancel_requested=job.cancel_requested_at is not None,
+        retired_at=iso(job.retired_at),
+    )
+
+
+def file_out(stored: StoredFile) -> FileOut:
+    return FileOut(
+        id=stored.id,
+        name=stored.name,
+        size=stored.size,
+        sha256=stored.sha256,
+        created_at=iso(stored.created_at) or "",
+    )
+
+
+def artifact_out(artifact: Artifact) -> ArtifactOut:
+    return ArtifactOut(
+        id=artifact.id,
+        job_id=artifact.job_id,
+        path=artifact.path,
+        size=artifact.size,
+        sha256=artifact.sha256,
+        created_at=iso(artifact.created_at) or "",
+    )
+
+
+def log_text(data: bytes) -> str:
+    """Guest output as safe text: invalid UTF-8 and NUL become U+FFFD; JSON escapes the rest."""
+    return data.decode("utf-8", errors="replace").replace("\x00", "\ufffd")

@@ -1,0 +1,105 @@
+"""The composition root: the only module that picks adapters."""
+
+import os
+import secrets
+from pathlib import Path
+
+from fastapi import FastAPI
+from sqlalchemy import create_engine
+
+from sandcell.api.app import create_app
+from sandcell.api.deps import Services
+from sandcell.artifacts.filesystem import FilesystemBlobStore
+from sandcell.domain.errors import RuntimeUnavailable
+from sandcell.ports.runtime import Runtime
+from sandcell.runtime.images import FilesystemImageCatalog
+from sandcell.services.auth import AuthService
+from sandcell.services.files import FileService
+from sandcell.services.jobs import JobPolicy, JobService
+from sandcell.services.worker import Worker, WorkerConfig, new_worker_id
+from sandcell.settings import Settings
+from sandcell.store.sql import SqlStore, prepare_sqlite
+
+
+def build_store(settings: Settings) -> SqlStore:
+    url = settings.store_url
+    if url.startswith("sqlite"):
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        prepare_sqlite(engine)
+    else:
+        url = url.replace("postgresql://", "postgresql+psycopg://", 1)
+        engine = create_engine(url, pool_pre_ping=True, pool_size=10)
+    store = SqlStore(engine)
+    store.create_schema()
+    return store
+
+
+def signing_key(settings: Settings) -> bytes:
+    """The HMAC key for signed URLs: configured, or made once and kept in the data dir."""
+    if settings.signing_key:
+        return settings.signing_key.encode()
+    path = settings.data_dir / "signing.key"
+    if not path.exists():
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32))
+    return path.read_text().strip().encode()
+
+
+def build_services(settings: Settings) -> Services:
+    store = build_store(settings)
+    blobs = FilesystemBlobStore(settings.data_dir / "blobs")
+    images = FilesystemImageCatalog(settings.image_dir)
+    policy = JobPolicy(
+        default_image=settings.default_image,
+        default_limits=settings.default_limits,
+        max_limits=settings.max_limits,
+        idempotency_ttl_s=settings.idempotency_ttl_s,
+    )
+    return Services(
+        store=store,
+        images=images,
+        auth=AuthService(store, settings.admin_key),
+        jobs=JobService(store, blobs, images, policy),
+        files=FileService(store, blobs, signing_key(settings), settings.max_file_bytes),
+        signed_url_ttl_s=settings.signed_url_ttl_s,
+        default_image=settings.default_image,
+    )
+
+
+def build_api(settings: Settings) -> FastAPI:
+    return create_app(
+        build_services(settings),
+        max_json_bytes=settings.max_body_bytes,
+        max_upload_bytes=settings.max_file_bytes + 64 * 1024,
+        max_depth=settings.max_json_depth,
+    )
+
+
+def build_runtime(settings: Settings) -> Runtime:
+    if settings.runtime == "gvisor":
+        from sandcell.runtime.gvisor import GVisorRuntime
+
+        return GVisorRuntime(settings.data_dir / "sandboxes")
+    raise RuntimeUnavailable(f"unknown runtime {settings.runtime!r}; this build offers: gvisor")
+
+
+def build_worker(settings: Settings) -> Worker:
+    store = build_store(settings)
+    runtime = build_runtime(settings)
+    runtime.check()  # fail closed: no worker without the isolation it promises
+    config = WorkerConfig(
+        worker_id=new_worker_id(),
+        slots=settings.worker_slots,
+        lease_s=settings.lease_s,
+        heartbeat_s=settings.heartbeat_s,
+        poll_s=settings.poll_s,
+    )
+    blobs = FilesystemBlobStore(settings.data_dir / "blobs")
+    return Worker(store, blobs, runtime, FilesystemImageCatalog(settings.image_dir), config)
+
+
+def data_path(settings: Settings, *parts: str) -> Path:
+    return settings.data_dir.joinpath(*parts)

@@ -1,0 +1,166 @@
+"""`sandcell`: the server, the worker, and a client for people (typer + rich)."""
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from sandcell import __version__
+from sandcell.cli.client import client_app, run_command
+from sandcell.settings import Settings
+
+app = typer.Typer(no_args_is_help=True, help="sandcell: secure code-interpreter jobs in gVisor.")
+admin_app = typer.Typer(no_args_is_help=True, help="Tenants and API keys (on this host's store).")
+image_app = typer.Typer(no_args_is_help=True, help="Build and list approved images.")
+app.add_typer(admin_app, name="admin")
+app.add_typer(image_app, name="image")
+app.add_typer(client_app, name="jobs")
+app.command("run")(run_command)
+console = Console()
+err = Console(stderr=True)
+
+
+def _settings(**overrides: Any) -> Settings:
+    values = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(**values)
+
+
+def _setup_logging() -> None:
+    logging.basicConfig(
+        level=logging.INFO,
+        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","message":%(message)r}',
+    )
+
+
+@app.command()
+def version() -> None:
+    """Print the version."""
+    console.print(__version__)
+
+
+@app.command()
+def serve(
+    port: Annotated[int | None, typer.Option(envvar="SANDCELL_PORT")] = None,
+    host: Annotated[str | None, typer.Option(envvar="SANDCELL_HOST")] = None,
+    data_dir: Annotated[Path | None, typer.Option(envvar="SANDCELL_DATA_DIR")] = None,
+    no_worker: Annotated[bool, typer.Option("--no-worker", help="API only (scale-out)")] = False,
+) -> None:
+    """Run the API (and, unless --no-worker, one worker) on the embedded defaults."""
+    import uvicorn
+
+    from sandcell.app import build_api
+
+    settings = _settings(port=port, host=host, data_dir=data_dir)
+    api = build_api(settings)  # creates the schema before the worker starts
+    worker = None if no_worker else _spawn_worker(settings)
+    err.print(f"sandcell {__version__} on http://{settings.host}:{settings.port}")
+    err.print(
+        "API key: `sandcell admin create-tenant NAME` then `sandcell admin create-key --tenant ID`"
+        " (or set SANDCELL_ADMIN_KEY and use POST /v1/admin/tenants)."
+    )
+    try:
+        uvicorn.run(api, host=settings.host, port=settings.port, log_level="warning")
+    finally:
+        if worker is not None:
+            worker.send_signal(signal.SIGTERM)
+            worker.wait(timeout=60)
+
+
+def _spawn_worker(settings: Settings) -> subprocess.Popen[bytes]:
+    env = os.environ | {"SANDCELL_DATA_DIR": str(settings.data_dir)}
+    return subprocess.Popen([sys.executable, "-m", "sandcell.cli.main", "worker"], env=env)
+
+
+@app.command()
+def worker(
+    data_dir: Annotated[Path | None, typer.Option(envvar="SANDCELL_DATA_DIR")] = None,
+    slots: Annotated[int | None, typer.Option(envvar="SANDCELL_WORKER_SLOTS")] = None,
+) -> None:
+    """Run a worker: claim jobs and run them in sandboxes (needs root for runsc)."""
+    from sandcell.app import build_worker
+
+    _setup_logging()
+    settings = _settings(data_dir=data_dir, worker_slots=slots)
+    the_worker = build_worker(settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    the_worker.serve(stop)
+
+
+@admin_app.command("create-tenant")
+def create_tenant(name: str, images: Annotated[list[str] | None, typer.Option()] = None) -> None:
+    """Create a tenant; prints its id."""
+    from sandcell.app import build_services
+
+    tenant = build_services(_settings()).auth.create_tenant(name, None, images)
+    console.print_json(json.dumps({"id": tenant.id, "name": tenant.name}))
+
+
+@admin_app.command("create-key")
+def create_key(
+    tenant: Annotated[str | None, typer.Option(help="tenant id; without it, an admin key")] = None,
+) -> None:
+    """Make an API key (shown once). Without --tenant: an admin key."""
+    from sandcell.app import build_services
+
+    key = build_services(_settings()).auth.create_key(tenant)
+    console.print_json(json.dumps({"id": key.split("_")[1], "key": key, "tenant_id": tenant}))
+
+
+@admin_app.command("revoke-key")
+def revoke_key(key_id: str) -> None:
+    """Revoke a key; effective at once."""
+    from sandcell.app import build_services
+
+    build_services(_settings()).auth.revoke_key(key_id)
+    console.print(f"revoked {key_id}")
+
+
+@image_app.command("build")
+def image_build(name: str = "python", force: bool = False) -> None:
+    """Build an image once into the image directory and record its digest."""
+    from sandcell.runtime.images import build_image
+
+    settings = _settings()
+    with console.status(f"building image {name} (debootstrap, about a minute)…"):
+        image = build_image(name, settings.image_dir, force=force)
+    console.print(f"{image.name} {image.version} {image.digest}")
+
+
+@image_app.command("list")
+def image_list() -> None:
+    """List built images."""
+    from sandcell.runtime.images import FilesystemImageCatalog
+
+    catalog = FilesystemImageCatalog(_settings().image_dir)
+    table = Table("name", "version", "digest")
+    for name in catalog.names():
+        image = catalog.get(name)
+        table.add_row(image.name, image.version, image.digest)
+    console.print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except Exception as exc:  # a clear line for people, never a traceback
+        from sandcell.domain.errors import SandcellError
+
+        if isinstance(exc, SandcellError):
+            err.print(f"[red]error:[/red] {exc.detail}")
+            raise SystemExit(1) from exc
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The durable records of sandcell, as plain values."""
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sandcell.domain.limits import Limits
+from sandcell.domain.states import JobState, Reason
+
+
+@dataclass(frozen=True)
+class Tenant:
+    id: str
+    name: str
+    limits: dict[str, Any]  # per-tenant maxima, overriding the configured ones
+    images: list[str] | None  # None: every built image
+    created_at: float
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: str
+    tenant_id: str | None  # None for admin keys
+    scopes: list[str]
+    created_at: float
+    revoked_at: float | None = None
+
+    @property
+    def is_admin(self) -> bool:
+        return "admin" in self.scopes
+
+
+@dataclass(frozen=True)
+class StoredFile:
+    id: str
+    tenant_id: str
+    name: str
+    size: int
+    sha256: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class InputRef:
+    file_id: str
+    path: str  # relative to /input
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What the caller asked for; never changed after acceptance."""
+
+    image: str
+    code: str | None
+    command: list[str] | None
+    inputs: list[InputRef]
+    limits: Limits
+    env: dict[str, str]
+    network: dict[str, Any] = field(default_factory=dict)
+    retry: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    id: str
+    tenant_id: str
+    state: JobState
+    spec: JobSpec
+    accepted_at: float
+    expires_at: float | None
+    reason: Reason | None = None
+    exit_code: int | None = None
+    detail: str = ""
+    image_digest: str | None = None
+    runtime: str | None = None
+    runtime_version: str | None = None
+    claimed_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    cancel_requested_at: float | None = None
+    retired_at: float | None = None
+    worker_id: str | None = None
+    lease_expires_at: float | None = None
+    fencing_token: int = 0
+    usage: dict[str, float] = field(default_factory=dict)
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Artifact:
+    id: str
+    tenant_id: str
+    job_id: str
+    path: str
+    size: int
+    sha256: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class LogChunk:
+    seq: int
+    stream: str
+    data: bytes

@@ -1,0 +1,1 @@
+"""The behaviour of sandcell, over ports only."""

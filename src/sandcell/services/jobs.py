@@ -1,0 +1,238 @@
+"""Jobs as the API sees them: submit, read, list, cancel, retire."""
+
+import base64
+import hashlib
+import json
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from sandcell.domain.errors import (
+    Conflict,
+    FieldError,
+    ImageUnavailable,
+    InvalidRequest,
+    NotFound,
+)
+from sandcell.domain.ids import new_id
+from sandcell.domain.limits import Limits, out_of_range
+from sandcell.domain.records import InputRef, Job, JobSpec, LogChunk, Tenant
+from sandcell.domain.states import JobState
+from sandcell.ports.artifacts import BlobStore
+from sandcell.ports.images import ImageCatalog
+from sandcell.ports.store import Store
+from sandcell.services.auth import Principal
+
+
+@dataclass(frozen=True)
+class Submission:
+    """A job request after syntactic validation at the edge."""
+
+    image: str | None
+    code: str | None
+    command: list[str] | None
+    inputs: list[InputRef] = field(default_factory=list)
+    limits: dict[str, Any] = field(default_factory=dict)  # only the fields the caller set
+    env: dict[str, str] = field(default_factory=dict)
+    network: dict[str, Any] = field(default_factory=dict)
+    secrets: list[dict[str, Any]] = field(default_factory=list)
+    retry: dict[str, Any] = field(default_factory=dict)
+    expires_in_s: float | None = None
+
+
+@dataclass(frozen=True)
+class JobPolicy:
+    default_image: str
+    default_limits: Limits
+    max_limits: Limits
+    idempotency_ttl_s: float
+
+
+def body_fingerprint(body: Any) -> str:
+    """sha256 of the canonical JSON of a request body, for Idempotency-Key comparison."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def encode_cursor(job: Job) -> str:
+    return base64.urlsafe_b64encode(f"{job.accepted_at!r}|{job.id}".encode()).decode()
+
+
+def decode_cursor(cursor: str) -> tuple[float, str]:
+    try:
+        at, job_id = base64.urlsafe_b64decode(cursor.encode()).decode().split("|", 1)
+        return float(at), job_id
+    except ValueError as exc:
+        raise InvalidRequest(errors=[FieldError("cursor", "not a cursor from this API")]) from exc
+
+
+class JobService:
+    def __init__(
+        self, store: Store, blobs: BlobStore, images: ImageCatalog, policy: JobPolicy
+    ) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.images = images
+        self.policy = policy
+
+    # submit
+
+    def submit(
+        self, who: Principal, sub: Submission, idempotency: tuple[str, str] | None
+    ) -> tuple[Job, bool]:
+        """Accept a job; return it and whether it is new (False: an idempotent replay)."""
+        who.require("jobs")
+        tenant = self._tenant(who)
+        spec = self._validated_spec(tenant, sub)
+        now = time.time()
+        job = Job(
+            id=new_id("job"),
+            tenant_id=tenant.id,
+            state=JobState.ACCEPTED,
+            spec=spec,
+            accepted_at=now,
+            expires_at=now + sub.expires_in_s if sub.expires_in_s else None,
+        )
+        stored = self.store.add_job(job, idempotency)
+        return stored, stored.id == job.id
+
+    def _tenant(self, who: Principal) -> Tenant:
+        tenant = self.store.get_tenant(who.tenant())
+        if tenant is None:
+            raise NotFound("tenant no longer exists")
+        return tenant
+
+    def _validated_spec(self, tenant: Tenant, sub: Submission) -> JobSpec:
+        errors: list[FieldError] = []
+        image = sub.image or self.policy.default_image
+        errors += self._image_errors(tenant, image)
+        limits, limit_errors = self._limits(tenant, sub.limits)
+        errors += limit_errors
+        errors += self._input_errors(tenant, sub.inputs)
+        errors += self._unsupported(sub)
+        if errors:
+            raise InvalidRequest("the job request is invalid", errors)
+        return JobSpec(
+            image=image,
+            code=sub.code,
+            command=sub.command,
+            inputs=sub.inputs,
+            limits=limits,
+            env=sub.env,
+            network=sub.network,
+            retry=sub.retry,
+        )
+
+    def _image_errors(self, tenant: Tenant, image: str) -> list[FieldError]:
+        if tenant.images is not None and image not in tenant.images:
+            return [FieldError("image", f"image {image!r} is not allowed for this tenant")]
+        try:
+            self.images.get(image)
+        except ImageUnavailable:
+            known = ", ".join(self.images.names()) or "none"
+            return [FieldError("image", f"unknown image {image!r}; available: {known}")]
+        return []
+
+    def _limits(self, tenant: Tenant, requested: dict[str, Any]) -> tuple[Limits, list[FieldError]]:
+        maximum = replace(self.policy.max_limits, **tenant.limits)
+        problems = out_of_range(requested, maximum)
+        errors = [FieldError(f"limits.{name}", msg) for name, msg in problems.items()]
+        defaults = {
+            name: min(getattr(self.policy.default_limits, name), getattr(maximum, name))
+            for name in Limits.names()
+        }
+        return Limits(**(defaults | requested)), errors
+
+    def _input_errors(self, tenant: Tenant, inputs: list[InputRef]) -> list[FieldError]:
+        errors, seen = [], set()
+        for i, ref in enumerate(inputs):
+            if ref.path in seen:
+                errors.append(FieldError(f"inputs.{i}.path", "duplicate input path"))
+            seen.add(ref.path)
+            if self.store.get_file(tenant.id, ref.file_id) is None:
+                errors.append(FieldError(f"inputs.{i}.file_id", "no such file"))
+        return errors
+
+    def _unsupported(self, sub: Submission) -> list[FieldError]:
+        # Fail closed: until the egress proxy exists, a job that asks for network is refused
+        # rather than run with a policy other than the one it asked for.
+        errors = []
+        if sub.network.get("allow"):
+            errors.append(FieldError("network.allow", "egress is not enabled on this server"))
+        if sub.secrets:
+            errors.append(FieldError("secrets", "secret injection is not enabled on this server"))
+        return errors
+
+    # read
+
+    def get(self, who: Principal, job_id: str) -> Job:
+        job = self.store.get_job(who.tenant(), job_id)
+        if job is None:
+            raise NotFound("no such job")
+        return job
+
+    def list_jobs(
+        self, who: Principal, state: JobState | None, cursor: str | None, limit: int
+    ) -> tuple[list[Job], str | None]:
+        after = decode_cursor(cursor) if cursor else None
+        page = self.store.list_jobs(who.tenant(), state, after, limit + 1)
+        more = len(page) > limit
+        page = page[:limit]
+        return page, encode_cursor(page[-1]) if more and page else None
+
+    def logs(self, who: Principal, job_id: str, after_seq: int = -1) -> list[LogChunk]:
+        self.get(who, job_id)
+        return self.store.read_logs(job_id, after_seq)
+
+    # change
+
+    def cancel(self, who: Principal, job_id: str) -> Job:
+        who.require("jobs")
+        job = self.store.request_cancel(who.tenant(), job_id, time.time())
+        if job is None:
+            raise NotFound("no such job")
+        return job
+
+    def retire(self, who: Principal, job_id: str) -> dict[str, Any]:
+        """Remove what the job left behind now; report what was removed and what was not."""
+        who.require("jobs")
+        job = self.get(who, job_id)
+        if not job.state.is_terminal:
+            raise Conflict("the job is still running; cancel it first, then retire it")
+        retired = self.store.retire_job(who.tenant(), job_id, time.time())
+        assert retired is not None
+        removed, log_bytes = self.store.delete_job_data(job_id)
+        for sha in {a.sha256 for a in removed}:
+            if not self.store.sha256_in_use(sha):
+                self.blobs.delete(sha)
+        return deletion_report(job, removed, log_bytes)
+
+
+def deletion_report(job: Job, removed: list[Any], log_bytes: int) -> dict[str, Any]:
+    return {
+        "job_id": job.id,
+        "already_retired": job.retired_at is not None,
+        "removed": {
+            "artifacts": [
+                {"artifact_id": a.id, "path": a.path, "size": a.size, "sha256": a.sha256}
+                for a in removed
+            ],
+            "artifact_bytes": sum(a.size for a in removed),
+            "log_bytes": log_bytes,
+            "code_and_env": True,
+            "inputs": "the sandbox's copy of /input was destroyed with the sandbox",
+            "workspace": "destroyed with the sandbox when the job ended",
+            "secrets_material": "none: the job was given no secrets",
+        },
+        "kept": {
+            "job_record": "id, state, reason, timings and usage remain as a tombstone",
+            "input_files": [
+                {"file_id": ref.file_id, "remove_with": f"DELETE /v1/files/{ref.file_id}"}
+                for ref in job.spec.inputs
+            ],
+        },
+        "caller_must_remove": [
+            "copies of artifacts downloaded before now",
+            "signed URLs issued for this job's artifacts stop working now; nothing to do",
+        ],
+    }

@@ -1,0 +1,252 @@
+"""The worker: claims jobs, runs each in a fresh sandbox, records what happened.
+
+Every write about a job carries the fencing token of the claim, so a worker that lost its
+lease (paused, partitioned) cannot overwrite what its successor decided.
+"""
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from sandcell.domain.errors import ImageUnavailable, SandcellError, StaleLease
+from sandcell.domain.ids import new_id
+from sandcell.domain.paths import safe_relative_path
+from sandcell.domain.records import Artifact, Job
+from sandcell.domain.states import JobState, Reason
+from sandcell.ports.artifacts import BlobStore
+from sandcell.ports.images import ImageCatalog
+from sandcell.ports.runtime import InputFile, Runtime, SandboxResult, SandboxSpec
+from sandcell.ports.store import Store
+
+log = logging.getLogger("sandcell.worker")
+
+BASE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": "/workspace",
+    "TMPDIR": "/tmp",
+    "LANG": "C.UTF-8",
+    "PYTHONUNBUFFERED": "1",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+LOG_FLUSH_BYTES = 64 * 1024
+LOG_FLUSH_S = 0.2
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    worker_id: str
+    slots: int = 2
+    lease_s: float = 15.0
+    heartbeat_s: float = 2.0
+    poll_s: float = 0.05
+
+
+class JobSink:
+    """Receives a sandbox's output and turns it into log chunks and artifacts."""
+
+    def __init__(self, store: Store, blobs: BlobStore, job: Job, token: int) -> None:
+        self.store, self.blobs, self.job, self.token = store, blobs, job, token
+        self.started_at: float | None = None
+        self.skipped_outputs = 0
+        self._lock = threading.Lock()
+        self._pending: list[tuple[str, bytearray]] = []
+        self._pending_bytes = 0
+        self._flushed_at = time.monotonic()
+
+    def ready(self) -> None:
+        self.started_at = time.time()
+        self.store.mark_started(self.job.id, self.token, self.started_at, self._digest())
+
+    def _digest(self) -> str:
+        return self.job.image_digest or ""
+
+    def output(self, stream: str, data: bytes) -> None:
+        with self._lock:
+            if self._pending and self._pending[-1][0] == stream:
+                self._pending[-1][1].extend(data)
+            else:
+                self._pending.append((stream, bytearray(data)))
+            self._pending_bytes += len(data)
+            due = time.monotonic() - self._flushed_at > LOG_FLUSH_S
+            if self._pending_bytes >= LOG_FLUSH_BYTES or due:
+                self._flush_locked()
+
+    def flush(self) -> None:
+        with self._lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        for stream, data in self._pending:
+            self.store.append_log(self.job.id, self.token, stream, bytes(data))
+        self._pending, self._pending_bytes = [], 0
+        self._flushed_at = time.monotonic()
+
+    def output_file(self, path: str, content: BinaryIO, size: int) -> None:
+        try:
+            safe_relative_path(path)
+        except ValueError:
+            self.skipped_outputs += 1  # a name we cannot represent safely is not published
+            return
+        sha256, stored_size = self.blobs.put(content)
+        artifact = Artifact(
+            new_id("art"), self.job.tenant_id, self.job.id, path, stored_size, sha256, time.time()
+        )
+        self.store.add_artifact(artifact, self.token)
+
+
+class Worker:
+    def __init__(
+        self,
+        store: Store,
+        blobs: BlobStore,
+        runtime: Runtime,
+        images: ImageCatalog,
+        config: WorkerConfig,
+    ) -> None:
+        self.store, self.blobs, self.runtime, self.images = store, blobs, runtime, images
+        self.config = config
+        self._running = 0
+        self._lock = threading.Lock()
+
+    def serve(self, stop: threading.Event) -> None:
+        """Claim and run jobs until `stop` is set; then let running jobs finish."""
+        reaped = self.runtime.reap()
+        if reaped:
+            log.warning("removed leftovers of an earlier run: %s", reaped)
+        with ThreadPoolExecutor(self.config.slots, thread_name_prefix="job") as pool:
+            next_housekeeping = 0.0
+            while not stop.is_set():
+                if time.monotonic() >= next_housekeeping:
+                    self.housekeeping()
+                    next_housekeeping = time.monotonic() + 1.0
+                job = self._claim() if self._free_slot() else None
+                if job is None:
+                    stop.wait(self.config.poll_s)
+                    continue
+                pool.submit(self._run_guarded, job)
+
+    def _free_slot(self) -> bool:
+        with self._lock:
+            return self._running < self.config.slots
+
+    def _claim(self) -> Job | None:
+        job = self.store.claim_next(self.config.worker_id, time.time(), self.config.lease_s)
+        if job is not None:
+            with self._lock:
+                self._running += 1
+        return job
+
+    def housekeeping(self) -> None:
+        now = time.time()
+        for job_id in self.store.expire_unstarted(now):
+            log.info("job %s expired before it started", job_id)
+        for job_id in self.store.fail_lost_jobs(now):
+            log.warning("job %s lost its worker", job_id)
+
+    def _run_guarded(self, job: Job) -> None:
+        try:
+            self.run_job(job)
+        except StaleLease:
+            log.warning("job %s: lease lost; leaving it to its new owner", job.id)
+        except Exception:
+            log.exception("job %s: internal error", job.id)
+            self.store.fail_job(
+                job.id, Reason.INTERNAL, "internal error in the worker", time.time()
+            )
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def run_job(self, job: Job) -> None:
+        token = job.fencing_token
+        try:
+            image = self.images.get(job.spec.image)
+        except ImageUnavailable as exc:
+            self._finish(
+                job, token, None, SandboxResult(None, Reason.IMAGE_UNAVAILABLE, exc.detail)
+            )
+            return
+        job.image_digest = image.digest
+        spec = SandboxSpec(
+            sandbox_id=f"{job.id}-{token}",
+            image=image,
+            argv=job.spec.command or [image.python, "/job/main.py"],
+            env=BASE_ENV | {"SANDCELL_JOB_ID": job.id} | job.spec.env,
+            limits=job.spec.limits,
+            code=job.spec.code.encode() if job.spec.code is not None else None,
+            inputs=self._inputs(job),
+        )
+        sink = JobSink(self.store, self.blobs, job, token)
+        cancel = threading.Event()
+        beat = threading.Thread(target=self._heartbeat, args=(job, token, cancel), daemon=True)
+        beat.start()
+        try:
+            result = self._run_sandbox(spec, sink, cancel)
+        finally:
+            cancel.set()
+            beat.join()
+        sink.flush()
+        self._finish(job, token, sink, result)
+
+    def _run_sandbox(
+        self, spec: SandboxSpec, sink: JobSink, cancel: threading.Event
+    ) -> SandboxResult:
+        try:
+            return self.runtime.run(spec, sink, cancel)
+        except SandcellError as exc:
+            return SandboxResult(None, Reason.RUNTIME_ERROR, exc.detail)
+
+    def _inputs(self, job: Job) -> list[InputFile]:
+        inputs = []
+        for ref in job.spec.inputs:
+            stored = self.store.get_file(job.tenant_id, ref.file_id)
+            if stored is None:
+                raise SandcellError(f"input file {ref.file_id} was deleted before the job ran")
+            inputs.append(InputFile(self.blobs.path(stored.sha256), ref.path))
+        return inputs
+
+    def _heartbeat(self, job: Job, token: int, done: threading.Event) -> None:
+        """Renew the lease; turn a cancel request (or a lost lease) into `done`."""
+        while not done.wait(min(self.config.heartbeat_s, 0.1)):
+            if self.store.cancel_requested(job.id):
+                done.set()
+            if time.time() > (job.lease_expires_at or 0) - self.config.lease_s / 2:
+                if not self.store.renew_lease(job.id, token, time.time(), self.config.lease_s):
+                    done.set()
+                job.lease_expires_at = time.time() + self.config.lease_s
+
+    def _finish(self, job: Job, token: int, sink: JobSink | None, result: SandboxResult) -> None:
+        now = time.time()
+        job.reason = result.reason
+        job.state = result.reason.state if result.reason else JobState.COMPLETED
+        if result.reason is Reason.CANCELLED and not result.released:
+            job.reason, job.state = Reason.INTERNAL, JobState.FAILED
+            result.detail = "cancel requested but the sandbox's release could not be verified"
+        job.exit_code = result.exit_code
+        job.detail = result.detail
+        job.runtime, job.runtime_version = self.runtime.name, self.runtime.version()
+        job.started_at = sink.started_at if sink else None
+        job.finished_at = now
+        job.usage = dict(result.usage)
+        if sink and sink.skipped_outputs:
+            job.usage["skipped_outputs"] = sink.skipped_outputs
+        job.attempts = [*job.attempts, self._attempt(job, token, now)]
+        self.store.finish_job(job, token)
+
+    def _attempt(self, job: Job, token: int, now: float) -> dict[str, object]:
+        return {
+            "number": token,
+            "worker_id": self.config.worker_id,
+            "claimed_at": job.claimed_at,
+            "started_at": job.started_at,
+            "finished_at": now,
+            "state": job.state.value,
+            "reason": job.reason.value if job.reason else None,
+        }
+
+
+def new_worker_id() -> str:
+    return new_id("wrk")

@@ -1,0 +1,77 @@
+"""One Settings object; every field is also a SANDCELL_* environment variable."""
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from sandcell.domain.limits import Limits
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SANDCELL_", extra="ignore")
+
+    data_dir: Path = Path("/var/lib/sandcell")
+    image_dir: Path = Path("/var/lib/sandcell/images")
+    database_url: str = ""  # empty: SQLite in data_dir
+    host: str = "127.0.0.1"
+    port: int = 8080
+    admin_key: str = Field(default="", repr=False)
+    signing_key: str = Field(default="", repr=False)  # empty: generated once into data_dir
+    runtime: str = "gvisor"
+    allow_weak_isolation: bool = False
+    default_image: str = "python"
+
+    default_timeout_s: float = 60.0
+    default_memory_mb: int = 512
+    default_cpu: float = 1.0
+    default_pids: int = 128
+    default_disk_mb: int = 256
+    default_output_mb: float = 10.0
+    max_timeout_s: float = 3600.0
+    max_memory_mb: int = 8192
+    max_cpu: float = 2.0
+    max_pids: int = 1024
+    max_disk_mb: int = 10240
+    max_output_mb: float = 100.0
+
+    max_body_bytes: int = 2 * 1024 * 1024
+    max_json_depth: int = 32
+    max_file_bytes: int = 512 * 1024 * 1024
+    idempotency_ttl_s: float = 48 * 3600
+    signed_url_ttl_s: float = 3600
+
+    worker_slots: int = 2
+    lease_s: float = 15.0
+    heartbeat_s: float = 2.0
+    poll_s: float = 0.05
+
+    @property
+    def sqlite_path(self) -> Path:
+        return self.data_dir / "sandcell.db"
+
+    @property
+    def store_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.sqlite_path}"
+
+    @property
+    def default_limits(self) -> Limits:
+        return Limits(
+            timeout_s=self.default_timeout_s,
+            cpu=self.default_cpu,
+            memory_mb=self.default_memory_mb,
+            pids=self.default_pids,
+            disk_mb=self.default_disk_mb,
+            output_mb=self.default_output_mb,
+        )
+
+    @property
+    def max_limits(self) -> Limits:
+        return Limits(
+            timeout_s=self.max_timeout_s,
+            cpu=self.max_cpu,
+            memory_mb=self.max_memory_mb,
+            pids=self.max_pids,
+            disk_mb=self.max_disk_mb,
+            output_mb=self.max_output_mb,
+        )

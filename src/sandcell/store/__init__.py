@@ -1,0 +1,1 @@
+"""Store adapters: one SQL implementation over SQLite (default) and PostgreSQL."""

@@ -1,0 +1,111 @@
+"""The schema, as SQLAlchemy Core tables shared by SQLite and PostgreSQL."""
+
+from sqlalchemy import (
+    JSON,
+    Column,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+metadata = MetaData()
+
+tenants = Table(
+    "tenants",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(200), nullable=False, unique=True),
+    Column("limits", JSON, nullable=False),
+    Column("images", JSON),
+    Column("created_at", Float, nullable=False),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("tenant_id", String(64), ForeignKey("tenants.id")),
+    Column("key_hash", String(64), nullable=False),
+    Column("scopes", JSON, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("revoked_at", Float),
+)
+
+files = Table(
+    "files",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("tenant_id", String(64), ForeignKey("tenants.id"), nullable=False),
+    Column("name", String(255), nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("tenant_id", String(64), ForeignKey("tenants.id"), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("spec", JSON, nullable=False),
+    Column("accepted_at", Float, nullable=False),
+    Column("expires_at", Float),
+    Column("reason", String(32)),
+    Column("exit_code", Integer),
+    Column("detail", Text, nullable=False, default=""),
+    Column("image_digest", String(80)),
+    Column("runtime", String(32)),
+    Column("runtime_version", String(80)),
+    Column("claimed_at", Float),
+    Column("started_at", Float),
+    Column("finished_at", Float),
+    Column("cancel_requested_at", Float),
+    Column("retired_at", Float),
+    Column("worker_id", String(64)),
+    Column("lease_expires_at", Float),
+    Column("fencing_token", Integer, nullable=False, default=0),
+    Column("usage", JSON, nullable=False),
+    Column("attempts", JSON, nullable=False),
+    Index("jobs_queue", "state", "accepted_at"),
+    Index("jobs_by_tenant", "tenant_id", "accepted_at", "id"),
+)
+
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("tenant_id", String(64), primary_key=True),
+    Column("key", String(255), primary_key=True),
+    Column("body_sha256", String(64), nullable=False),
+    Column("job_id", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+job_logs = Table(
+    "job_logs",
+    metadata,
+    Column("job_id", String(64), primary_key=True),
+    Column("seq", Integer, primary_key=True),
+    Column("stream", String(8), nullable=False),
+    Column("data", LargeBinary, nullable=False),
+)
+
+artifacts = Table(
+    "artifacts",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("tenant_id", String(64), ForeignKey("tenants.id"), nullable=False),
+    Column("job_id", String(64), ForeignKey("jobs.id"), nullable=False),
+    Column("path", Text, nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("sha256", String(64), nullable=False),
+    Column("created_at", Float, nullable=False),
+    Index("artifacts_by_job", "job_id"),
+    Index("artifacts_by_sha", "sha256"),
+)

@@ -1,0 +1,498 @@
+"""SqlStore: the Store port over SQLAlchemy Core, for SQLite and PostgreSQL alike.
+
+Writers that race (idempotent submission, claiming) rely on the database: a primary key on
+(tenant, idempotency key), and a conditional UPDATE that only one claimer can win.
+"""
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from typing import Any
+
+from sqlalchemy import Connection, Engine, and_, delete, event, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from sandcell.domain.errors import Conflict, IdempotencyMismatch, StaleLease
+from sandcell.domain.limits import Limits
+from sandcell.domain.records import (
+    ApiKey,
+    Artifact,
+    InputRef,
+    Job,
+    JobSpec,
+    LogChunk,
+    StoredFile,
+    Tenant,
+)
+from sandcell.domain.states import JobState, Reason
+from sandcell.store.schema import (
+    api_keys,
+    artifacts,
+    files,
+    idempotency_keys,
+    job_logs,
+    jobs,
+    metadata,
+    tenants,
+)
+
+ACTIVE = (JobState.ACCEPTED.value, JobState.RUNNING.value)
+
+
+def prepare_sqlite(engine: Engine) -> None:
+    """WAL for concurrent readers; BEGIN IMMEDIATE so racing writers queue instead of failing."""
+
+    @event.listens_for(engine, "connect")
+    def _connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _begin(conn: Connection) -> None:
+        readonly = conn.get_execution_options().get("readonly", False)
+        conn.exec_driver_sql("BEGIN DEFERRED" if readonly else "BEGIN IMMEDIATE")
+
+
+def _spec_to_json(spec: JobSpec) -> dict[str, Any]:
+    data = asdict(spec)
+    data["limits"] = spec.limits.as_dict()
+    return data
+
+
+def _spec_from_json(data: dict[str, Any]) -> JobSpec:
+    return JobSpec(
+        image=data["image"],
+        code=data.get("code"),
+        command=data.get("command"),
+        inputs=[InputRef(**item) for item in data.get("inputs", [])],
+        limits=Limits(**data["limits"]),
+        env=data.get("env", {}),
+        network=data.get("network", {}),
+        retry=data.get("retry", {}),
+    )
+
+
+def _job_from_row(row: Any) -> Job:
+    m = row._mapping
+    return Job(
+        id=m["id"],
+        tenant_id=m["tenant_id"],
+        state=JobState(m["state"]),
+        spec=_spec_from_json(m["spec"]),
+        accepted_at=m["accepted_at"],
+        expires_at=m["expires_at"],
+        reason=Reason(m["reason"]) if m["reason"] else None,
+        exit_code=m["exit_code"],
+        detail=m["detail"] or "",
+        image_digest=m["image_digest"],
+        runtime=m["runtime"],
+        runtime_version=m["runtime_version"],
+        claimed_at=m["claimed_at"],
+        started_at=m["started_at"],
+        finished_at=m["finished_at"],
+        cancel_requested_at=m["cancel_requested_at"],
+        retired_at=m["retired_at"],
+        worker_id=m["worker_id"],
+        lease_expires_at=m["lease_expires_at"],
+        fencing_token=m["fencing_token"],
+        usage=m["usage"] or {},
+        attempts=m["attempts"] or [],
+    )
+
+
+def _job_values(job: Job) -> dict[str, Any]:
+    values = {k: v for k, v in asdict(job).items() if k != "spec"}
+    values["spec"] = _spec_to_json(job.spec)
+    values["state"] = job.state.value
+    values["reason"] = job.reason.value if job.reason else None
+    return values
+
+
+def _artifact_from_row(row: Any) -> Artifact:
+    return Artifact(**dict(row._mapping))
+
+
+class SqlStore:
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def create_schema(self) -> None:
+        metadata.create_all(self.engine)
+
+    @contextmanager
+    def _tx(self) -> Iterator[Connection]:
+        with self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def _read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            conn.execution_options(readonly=True)
+            with conn.begin():
+                yield conn
+
+    # tenants and keys
+
+    def add_tenant(self, tenant: Tenant) -> None:
+        try:
+            with self._tx() as conn:
+                conn.execute(insert(tenants).values(**asdict(tenant)))
+        except IntegrityError as exc:
+            raise Conflict(f"a tenant named {tenant.name!r} already exists") from exc
+
+    def get_tenant(self, tenant_id: str) -> Tenant | None:
+        with self._read() as conn:
+            row = conn.execute(select(tenants).where(tenants.c.id == tenant_id)).first()
+        return Tenant(**dict(row._mapping)) if row else None
+
+    def add_api_key(self, key: ApiKey, key_hash: str) -> None:
+        with self._tx() as conn:
+            conn.execute(insert(api_keys).values(**asdict(key), key_hash=key_hash))
+
+    def get_api_key(self, key_id: str) -> tuple[ApiKey, str] | None:
+        with self._read() as conn:
+            row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).first()
+        if row is None:
+            return None
+        values = dict(row._mapping)
+        key_hash = values.pop("key_hash")
+        return ApiKey(**values), key_hash
+
+    def revoke_api_key(self, key_id: str, at: float) -> bool:
+        with self._tx() as conn:
+            result = conn.execute(
+                update(api_keys)
+                .where(api_keys.c.id == key_id, api_keys.c.revoked_at.is_(None))
+                .values(revoked_at=at)
+            )
+        return result.rowcount == 1
+
+    # input files
+
+    def add_file(self, stored: StoredFile) -> None:
+        with self._tx() as conn:
+            conn.execute(insert(files).values(**asdict(stored)))
+
+    def get_file(self, tenant_id: str, file_id: str) -> StoredFile | None:
+        with self._read() as conn:
+            row = conn.execute(
+                select(files).where(files.c.id == file_id, files.c.tenant_id == tenant_id)
+            ).first()
+        return StoredFile(**dict(row._mapping)) if row else None
+
+    def delete_file(self, tenant_id: str, file_id: str) -> bool:
+        with self._tx() as conn:
+            result = conn.execute(
+                delete(files).where(files.c.id == file_id, files.c.tenant_id == tenant_id)
+            )
+        return result.rowcount == 1
+
+    # jobs, seen by the API
+
+    def add_job(self, job: Job, idempotency: tuple[str, str] | None) -> Job:
+        try:
+            with self._tx() as conn:
+                conn.execute(insert(jobs).values(**_job_values(job)))
+                if idempotency:
+                    key, body_sha256 = idempotency
+                    conn.execute(
+                        insert(idempotency_keys).values(
+                            tenant_id=job.tenant_id,
+                            key=key,
+                            body_sha256=body_sha256,
+                            job_id=job.id,
+                            created_at=job.accepted_at,
+                        )
+                    )
+            return job
+        except IntegrityError:
+            if idempotency is None:
+                raise
+        return self._job_under_key(job.tenant_id, *idempotency)
+
+    def _job_under_key(self, tenant_id: str, key: str, body_sha256: str) -> Job:
+        with self._read() as conn:
+            row = conn.execute(
+                select(idempotency_keys).where(
+                    idempotency_keys.c.tenant_id == tenant_id, idempotency_keys.c.key == key
+                )
+            ).one()
+            if row.body_sha256 != body_sha256:
+                raise IdempotencyMismatch()
+            job_row = conn.execute(select(jobs).where(jobs.c.id == row.job_id)).one()
+        return _job_from_row(job_row)
+
+    def get_job(self, tenant_id: str | None, job_id: str) -> Job | None:
+        query = select(jobs).where(jobs.c.id == job_id)
+        if tenant_id is not None:
+            query = query.where(jobs.c.tenant_id == tenant_id)
+        with self._read() as conn:
+            row = conn.execute(query).first()
+        return _job_from_row(row) if row else None
+
+    def list_jobs(
+        self, tenant_id: str, state: JobState | None, after: tuple[float, str] | None, limit: int
+    ) -> list[Job]:
+        query = select(jobs).where(jobs.c.tenant_id == tenant_id)
+        if state is not None:
+            query = query.where(jobs.c.state == state.value)
+        if after is not None:
+            at, job_id = after
+            query = query.where(
+                or_(jobs.c.accepted_at < at, and_(jobs.c.accepted_at == at, jobs.c.id < job_id))
+            )
+        query = query.order_by(jobs.c.accepted_at.desc(), jobs.c.id.desc()).limit(limit)
+        with self._read() as conn:
+            return [_job_from_row(row) for row in conn.execute(query)]
+
+    def request_cancel(self, tenant_id: str, job_id: str, at: float) -> Job | None:
+        mine = and_(jobs.c.id == job_id, jobs.c.tenant_id == tenant_id)
+        with self._tx() as conn:
+            conn.execute(
+                update(jobs)
+                .where(mine, jobs.c.state == JobState.ACCEPTED.value)
+                .values(
+                    state=JobState.CANCELLED.value,
+                    reason=Reason.CANCELLED.value,
+                    detail="cancelled before it started",
+                    cancel_requested_at=at,
+                    finished_at=at,
+                )
+            )
+            conn.execute(
+                update(jobs)
+                .where(mine, jobs.c.state == JobState.RUNNING.value)
+                .where(jobs.c.cancel_requested_at.is_(None))
+                .values(cancel_requested_at=at)
+            )
+            row = conn.execute(select(jobs).where(mine)).first()
+        return _job_from_row(row) if row else None
+
+    def retire_job(self, tenant_id: str, job_id: str, at: float) -> Job | None:
+        mine = and_(jobs.c.id == job_id, jobs.c.tenant_id == tenant_id)
+        with self._tx() as conn:
+            row = conn.execute(select(jobs).where(mine)).first()
+            if row is None:
+                return None
+            job = _job_from_row(row)
+            if job.state.is_terminal and job.retired_at is None:
+                # The tombstone keeps state and timing; the code and environment go.
+                spec = _spec_to_json(job.spec) | {"code": None, "command": None, "env": {}}
+                conn.execute(update(jobs).where(mine).values(retired_at=at, spec=spec))
+        return job
+
+    def purge_idempotency_keys(self, older_than: float) -> int:
+        with self._tx() as conn:
+            result = conn.execute(
+                delete(idempotency_keys).where(idempotency_keys.c.created_at < older_than)
+            )
+        return result.rowcount
+
+    # jobs, seen by a worker
+
+    def claim_next(self, worker_id: str, now: float, lease_s: float) -> Job | None:
+        with self._tx() as conn:
+            candidate = (
+                select(jobs.c.id)
+                .where(jobs.c.state == JobState.ACCEPTED.value)
+                .order_by(jobs.c.accepted_at)
+                .limit(1)
+                .with_for_update(skip_locked=True)
+            )
+            job_id = conn.execute(candidate).scalar()
+            if job_id is None:
+                return None
+            result = conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.state == JobState.ACCEPTED.value)
+                .values(
+                    state=JobState.RUNNING.value,
+                    worker_id=worker_id,
+                    claimed_at=now,
+                    lease_expires_at=now + lease_s,
+                    fencing_token=jobs.c.fencing_token + 1,
+                )
+            )
+            if result.rowcount != 1:
+                return None
+            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
+        return _job_from_row(row)
+
+    def expire_unstarted(self, now: float) -> list[str]:
+        due = and_(
+            jobs.c.state == JobState.ACCEPTED.value,
+            jobs.c.expires_at.is_not(None),
+            jobs.c.expires_at <= now,
+        )
+        with self._tx() as conn:
+            ids = list(conn.execute(select(jobs.c.id).where(due)).scalars())
+            conn.execute(
+                update(jobs)
+                .where(due)
+                .values(
+                    state=JobState.FAILED.value,
+                    reason=Reason.EXPIRED.value,
+                    detail="not started before expires_in_s ran out",
+                    finished_at=now,
+                )
+            )
+        return ids
+
+    def _owned(self, job_id: str, token: int) -> Any:
+        return and_(
+            jobs.c.id == job_id,
+            jobs.c.fencing_token == token,
+            jobs.c.state == JobState.RUNNING.value,
+        )
+
+    def renew_lease(self, job_id: str, token: int, now: float, lease_s: float) -> bool:
+        with self._tx() as conn:
+            result = conn.execute(
+                update(jobs)
+                .where(self._owned(job_id, token))
+                .values(lease_expires_at=now + lease_s)
+            )
+        return result.rowcount == 1
+
+    def cancel_requested(self, job_id: str) -> bool:
+        with self._read() as conn:
+            at = conn.execute(
+                select(jobs.c.cancel_requested_at).where(jobs.c.id == job_id)
+            ).scalar()
+        return at is not None
+
+    def mark_started(self, job_id: str, token: int, at: float, image_digest: str) -> None:
+        with self._tx() as conn:
+            result = conn.execute(
+                update(jobs)
+                .where(self._owned(job_id, token))
+                .values(started_at=at, image_digest=image_digest)
+            )
+        if result.rowcount != 1:
+            raise StaleLease()
+
+    def append_log(self, job_id: str, token: int, stream: str, data: bytes) -> None:
+        with self._tx() as conn:
+            if conn.execute(select(jobs.c.id).where(self._owned(job_id, token))).first() is None:
+                raise StaleLease()
+            last = conn.execute(
+                select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == job_id)
+            ).scalar()
+            seq = 0 if last is None else last + 1
+            conn.execute(insert(job_logs).values(job_id=job_id, seq=seq, stream=stream, data=data))
+
+    def add_artifact(self, artifact: Artifact, token: int) -> None:
+        with self._tx() as conn:
+            if conn.execute(select(jobs.c.id).where(self._owned(artifact.job_id, token))).first():
+                conn.execute(insert(artifacts).values(**asdict(artifact)))
+                return
+        raise StaleLease()
+
+    def finish_job(self, job: Job, token: int) -> None:
+        assert (job.state.is_terminal and job.reason is not None) or job.state is JobState.COMPLETED
+        values = {
+            "state": job.state.value,
+            "reason": job.reason.value if job.reason else None,
+            "exit_code": job.exit_code,
+            "detail": job.detail,
+            "runtime": job.runtime,
+            "runtime_version": job.runtime_version,
+            "started_at": job.started_at,
+            "finished_at": job.finished_at,
+            "usage": job.usage,
+            "attempts": job.attempts,
+            "lease_expires_at": None,
+        }
+        with self._tx() as conn:
+            result = conn.execute(update(jobs).where(self._owned(job.id, token)).values(**values))
+        if result.rowcount != 1:
+            raise StaleLease()
+
+    def fail_lost_jobs(self, now: float) -> list[str]:
+        lost = and_(jobs.c.state == JobState.RUNNING.value, jobs.c.lease_expires_at < now)
+        with self._tx() as conn:
+            ids = list(conn.execute(select(jobs.c.id).where(lost)).scalars())
+            conn.execute(
+                update(jobs)
+                .where(lost)
+                .values(
+                    state=JobState.FAILED.value,
+                    reason=Reason.WORKER_LOST.value,
+                    detail="the worker running this job stopped renewing its lease",
+                    finished_at=now,
+                    fencing_token=jobs.c.fencing_token + 1,
+                )
+            )
+        return ids
+
+    def fail_job(self, job_id: str, reason: Reason, detail: str, at: float) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                update(jobs)
+                .where(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE))
+                .values(
+                    state=reason.state.value,
+                    reason=reason.value,
+                    detail=detail,
+                    finished_at=at,
+                    fencing_token=jobs.c.fencing_token + 1,
+                )
+            )
+
+    # logs and artifacts, seen by the API
+
+    def read_logs(self, job_id: str, after_seq: int) -> list[LogChunk]:
+        query = (
+            select(job_logs.c.seq, job_logs.c.stream, job_logs.c.data)
+            .where(job_logs.c.job_id == job_id, job_logs.c.seq > after_seq)
+            .order_by(job_logs.c.seq)
+        )
+        with self._read() as conn:
+            return [LogChunk(seq=r.seq, stream=r.stream, data=r.data) for r in conn.execute(query)]
+
+    def list_artifacts(self, job_id: str) -> list[Artifact]:
+        query = select(artifacts).where(artifacts.c.job_id == job_id).order_by(artifacts.c.path)
+        with self._read() as conn:
+            return [_artifact_from_row(row) for row in conn.execute(query)]
+
+    def get_artifact(self, tenant_id: str | None, artifact_id: str) -> Artifact | None:
+        query = select(artifacts).where(artifacts.c.id == artifact_id)
+        if tenant_id is not None:
+            query = query.where(artifacts.c.tenant_id == tenant_id)
+        with self._read() as conn:
+            row = conn.execute(query).first()
+        return _artifact_from_row(row) if row else None
+
+    def delete_job_data(self, job_id: str) -> tuple[list[Artifact], int]:
+        with self._tx() as conn:
+            removed = [
+                _artifact_from_row(r)
+                for r in conn.execute(select(artifacts).where(artifacts.c.job_id == job_id))
+            ]
+            log_bytes = conn.execute(
+                select(func.coalesce(func.sum(func.length(job_logs.c.data)), 0)).where(
+                    job_logs.c.job_id == job_id
+                )
+            ).scalar()
+            conn.execute(delete(artifacts).where(artifacts.c.job_id == job_id))
+            conn.execute(delete(job_logs).where(job_logs.c.job_id == job_id))
+        return removed, int(log_bytes or 0)
+
+    def sha256_in_use(self, sha256: str) -> bool:
+        with self._read() as conn:
+            in_artifacts = conn.execute(
+                select(artifacts.c.id).where(artifacts.c.sha256 == sha256).limit(1)
+            ).first()
+            in_files = conn.execute(
+                select(files.c.id).where(files.c.sha256 == sha256).limit(1)
+            ).first()
+        return in_artifacts is not None or in_files is not None
+
+    def ping(self) -> None:
+        with self._read() as conn:
+            conn.execute(select(1))

@@ -1,0 +1,67 @@
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine
+
+from sandcell.api.app import create_app
+from sandcell.api.deps import Services
+from sandcell.artifacts.filesystem import FilesystemBlobStore
+from sandcell.domain.limits import Limits
+from sandcell.services.auth import AuthService
+from sandcell.services.files import FileService
+from sandcell.services.jobs import JobPolicy, JobService
+from sandcell.store.sql import SqlStore, prepare_sqlite
+from tests.fakes import FakeImages
+
+ADMIN_KEY = "test-admin-key-0123456789"
+
+
+@dataclass
+class Api:
+    http: TestClient
+    services: Services
+    blobs: FilesystemBlobStore
+    tmp: Path
+
+    def tenant(self, name: str) -> dict[str, str]:
+        """A new tenant's Authorization header."""
+        admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+        tenant = self.http.post("/v1/admin/tenants", json={"name": name}, headers=admin).json()
+        key = self.http.post(f"/v1/admin/tenants/{tenant['id']}/keys", headers=admin).json()
+        return {"Authorization": f"Bearer {key['key']}"}
+
+
+def sqlite_store(path: Path) -> SqlStore:
+    engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False})
+    prepare_sqlite(engine)
+    store = SqlStore(engine)
+    store.create_schema()
+    return store
+
+
+@pytest.fixture
+def api(tmp_path: Path) -> Iterator[Api]:
+    store = sqlite_store(tmp_path / "test.db")
+    blobs = FilesystemBlobStore(tmp_path / "blobs")
+    images = FakeImages("python")
+    policy = JobPolicy("python", Limits(), Limits(timeout_s=600, memory_mb=4096), 86400)
+    services = Services(
+        store=store,
+        images=images,
+        auth=AuthService(store, ADMIN_KEY),
+        jobs=JobService(store, blobs, images, policy),
+        files=FileService(store, blobs, b"k" * 32, 1024 * 1024),
+        signed_url_ttl_s=60,
+        default_image="python",
+    )
+    app = create_app(services, max_json_bytes=256 * 1024, max_upload_bytes=1024 * 1024 + 4096, max_depth=16)
+    with TestClient(app, raise_server_exceptions=False) as http:
+        yield Api(http, services, blobs, tmp_path)
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0

@@ -1,0 +1,72 @@
+"""Fakes for fast unit tests of logic. Security and lifecycle tests use the real runtime."""
+
+import os
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from sandcell.domain.errors import ImageUnavailable
+from sandcell.domain.images import Image
+from sandcell.domain.states import Reason
+from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
+
+FAKE_IMAGE = Image("python", "test", "sha256:" + "0" * 64, Path("/"), "/usr/bin/python3.11")
+
+
+class FakeImages:
+    def __init__(self, *names: str) -> None:
+        self._names = list(names or ["python"])
+
+    def get(self, name: str) -> Image:
+        if name not in self._names:
+            raise ImageUnavailable(f"image {name!r} is not built")
+        return FAKE_IMAGE
+
+    def names(self) -> list[str]:
+        return list(self._names)
+
+
+class HostProcessRuntime:
+    """Runs trusted test code as a host subprocess: no isolation, only for logic tests."""
+
+    name = "fake"
+
+    def version(self) -> str:
+        return "fake 1"
+
+    def check(self) -> None:
+        return None
+
+    def reap(self) -> list[str]:
+        return []
+
+    def run(self, spec: SandboxSpec, sink: SandboxSink, cancel: threading.Event) -> SandboxResult:
+        with tempfile.TemporaryDirectory() as scratch:
+            out = Path(scratch, "output")
+            out.mkdir()
+            code = (spec.code or b"").decode().replace("/output/", f"{out}/")
+            proc = subprocess.Popen(
+                ["/usr/bin/python3.11", "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+            sink.ready()
+            deadline = time.monotonic() + spec.limits.timeout_s
+            reason = None
+            while proc.poll() is None:
+                if cancel.is_set():
+                    reason = Reason.CANCELLED
+                elif time.monotonic() > deadline:
+                    reason = Reason.TIMEOUT
+                if reason:
+                    proc.kill()
+                time.sleep(0.01)
+            stdout, stderr = proc.communicate()
+            sink.output("stdout", stdout)
+            sink.output("stderr", stderr)
+            for name in sorted(os.listdir(out)):
+                with open(out / name, "rb") as content:
+                    sink.output_file(name, content, os.path.getsize(out / name))
+        if reason is None and proc.returncode:
+            reason = Reason.EXIT_CODE
+        return SandboxResult(proc.returncode, reason, released=True)

@@ -1,0 +1,166 @@
+"""The HTTP contract over the real app in-process: auth, validation, idempotency, tenancy."""
+
+import pytest
+
+from tests.conftest import ADMIN_KEY, Api
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def _problem(response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert {"type", "title", "status", "detail"} <= body.keys()
+    assert body["status"] == status
+    assert "Traceback" not in response.text
+    return body
+
+
+def test_requests_without_a_valid_key_are_refused(api: Api) -> None:
+    _problem(api.http.get("/v1/jobs"), 401)
+    _problem(api.http.get("/v1/jobs", headers={"Authorization": "Bearer sc_nope_nope"}), 401)
+    _problem(api.http.get("/v1/jobs", headers={"Authorization": "Basic abc"}), 401)
+
+
+def test_tenant_keys_cannot_use_admin_routes_and_admin_keys_own_no_jobs(api: Api) -> None:
+    alice = api.tenant("alice")
+    _problem(api.http.post("/v1/admin/tenants", json={"name": "x"}, headers=alice), 403)
+    _problem(api.http.get("/v1/jobs", headers=ADMIN), 403)
+
+
+def test_revoked_key_is_refused_at_once(api: Api) -> None:
+    tenant = api.http.post("/v1/admin/tenants", json={"name": "t"}, headers=ADMIN).json()
+    key = api.http.post(f"/v1/admin/tenants/{tenant['id']}/keys", headers=ADMIN).json()
+    auth = {"Authorization": f"Bearer {key['key']}"}
+    assert api.http.get("/v1/jobs", headers=auth).status_code == 200
+    assert api.http.delete(f"/v1/admin/keys/{key['id']}", headers=ADMIN).status_code == 204
+    _problem(api.http.get("/v1/jobs", headers=auth), 401)
+    stored = api.services.store.get_api_key(key["id"])
+    assert stored is not None and key["key"].split("_")[2] not in stored[1]  # only a hash is kept
+
+
+def test_duplicate_tenant_name_is_a_conflict(api: Api) -> None:
+    api.tenant("dup")
+    _problem(api.http.post("/v1/admin/tenants", json={"name": "dup"}, headers=ADMIN), 409)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"code": "print(1)", "image": "nope"}, "image"),
+        ({"code": "print(1)", "limits": {"memory_mb": 10**9}}, "limits.memory_mb"),
+        ({"code": "print(1)", "limits": {"timeout_s": 0}}, "limits.timeout_s"),
+        ({"code": "print(1)", "limits": {"bogus": 1}}, "limits.bogus"),
+        ({"code": "print(1)", "surprise": True}, "surprise"),
+        ({"code": "print(1)", "command": ["/bin/true"]}, "body"),
+        ({}, "body"),
+        ({"code": "print(1)", "inputs": [{"file_id": "f", "path": "../etc/passwd"}]}, "inputs.0.path"),
+        ({"code": "print(1)", "inputs": [{"file_id": "f", "path": "/etc/passwd"}]}, "inputs.0.path"),
+        ({"code": "print(1)", "inputs": [{"file_id": "f", "path": "a\u0000b"}]}, "inputs.0.path"),
+        ({"code": "print(1)", "inputs": [{"file_id": "file_missing", "path": "a.csv"}]}, "inputs.0.file_id"),
+        ({"code": "print(1)", "env": {"SANDCELL_X": "1"}}, "env"),
+        ({"code": "print(1)", "env": {"1BAD": "1"}}, "env"),
+        ({"code": "x\u0000"}, "code"),
+        ({"code": "print(1)", "network": {"allow": ["example.com"]}}, "network.allow"),
+    ],
+)
+def test_bad_job_requests_name_the_offending_field(api: Api, body: dict, field: str) -> None:
+    alice = api.tenant("alice")
+    problem = _problem(api.http.post("/v1/jobs", json=body, headers=alice), 422)
+    fields = [e["field"] for e in problem["errors"]]
+    assert any(f == field or f.startswith(field) for f in fields), fields
+
+
+def test_hostile_bodies_get_4xx_not_500(api: Api) -> None:
+    alice = api.tenant("alice")
+    deep = "[" * 5000 + "]" * 5000
+    _problem(api.http.post("/v1/jobs", content=deep, headers=alice | {"Content-Type": "application/json"}), 422)
+    nested = '{"code":"1","env":' + '{"a":' * 40 + "1" + "}" * 40 + "}"
+    _problem(api.http.post("/v1/jobs", content=nested, headers=alice | {"Content-Type": "application/json"}), 422)
+    big = '{"code":"' + "x" * 300_000 + '"}'
+    _problem(api.http.post("/v1/jobs", content=big, headers=alice | {"Content-Type": "application/json"}), 413)
+    _problem(api.http.post("/v1/jobs", content=b"\xff\xfe{", headers=alice | {"Content-Type": "application/json"}), 400)
+    _problem(api.http.post("/v1/jobs", content="[1,2]", headers=alice | {"Content-Type": "application/json"}), 422)
+    _problem(api.http.get("/v1/nowhere", headers=alice), 404)
+    _problem(api.http.get("/v1/jobs?limit=100000", headers=alice), 422)
+    _problem(api.http.get("/v1/jobs?cursor=%%%", headers=alice), 422)
+
+
+def test_idempotency_key_replays_the_same_job_and_refuses_a_different_body(api: Api) -> None:
+    alice = api.tenant("alice") | {"Idempotency-Key": "k-1"}
+    first = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice)
+    assert first.status_code == 202
+    again = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice)
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    _problem(api.http.post("/v1/jobs", json={"code": "print(2)"}, headers=alice), 422)
+    # Keys are scoped to the tenant: the same key elsewhere is a new job.
+    bob = api.tenant("bob") | {"Idempotency-Key": "k-1"}
+    other = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=bob)
+    assert other.status_code == 202 and other.json()["id"] != first.json()["id"]
+
+
+def test_another_tenants_ids_answer_404_everywhere(api: Api) -> None:
+    alice, bob = api.tenant("alice"), api.tenant("bob")
+    upload = api.http.post("/v1/files", files={"file": ("a.csv", b"x,y\n1,2\n")}, headers=alice).json()
+    job = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice).json()
+    for method, path in [
+        ("GET", f"/v1/jobs/{job['id']}"),
+        ("GET", f"/v1/jobs/{job['id']}/logs"),
+        ("POST", f"/v1/jobs/{job['id']}/cancel"),
+        ("DELETE", f"/v1/jobs/{job['id']}"),
+        ("GET", f"/v1/files/{upload['id']}"),
+        ("DELETE", f"/v1/files/{upload['id']}"),
+    ]:
+        _problem(api.http.request(method, path, headers=bob), 404)
+    cross = {"code": "print(1)", "inputs": [{"file_id": upload["id"], "path": "a.csv"}]}
+    _problem(api.http.post("/v1/jobs", json=cross, headers=bob), 422)
+    assert api.http.get(f"/v1/jobs/{job['id']}", headers=alice).status_code == 200
+
+
+def test_cancelling_an_accepted_job_ends_it_and_cancelling_again_is_a_noop(api: Api) -> None:
+    alice = api.tenant("alice")
+    job = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice).json()
+    first = api.http.post(f"/v1/jobs/{job['id']}/cancel", headers=alice)
+    assert first.status_code == 202
+    assert first.json()["state"] == "cancelled" and first.json()["reason"] == "cancelled"
+    again = api.http.post(f"/v1/jobs/{job['id']}/cancel", headers=alice)
+    assert again.status_code == 202 and again.json()["finished_at"] == first.json()["finished_at"]
+
+
+def test_list_is_paginated_with_a_cursor_and_filtered_by_state(api: Api) -> None:
+    alice = api.tenant("alice")
+    ids = [api.http.post("/v1/jobs", json={"code": f"print({i})"}, headers=alice).json()["id"] for i in range(5)]
+    api.http.post(f"/v1/jobs/{ids[0]}/cancel", headers=alice)
+    seen, cursor = [], None
+    while True:
+        params = {"limit": 2} | ({"cursor": cursor} if cursor else {})
+        page = api.http.get("/v1/jobs", params=params, headers=alice).json()
+        seen += [j["id"] for j in page["items"]]
+        cursor = page["next_cursor"]
+        if not cursor:
+            break
+    assert seen == list(reversed(ids))
+    cancelled = api.http.get("/v1/jobs", params={"state": "cancelled"}, headers=alice).json()
+    assert [j["id"] for j in cancelled["items"]] == [ids[0]]
+
+
+def test_retiring_a_running_job_is_a_conflict(api: Api) -> None:
+    alice = api.tenant("alice")
+    job = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice).json()
+    _problem(api.http.delete(f"/v1/jobs/{job['id']}", headers=alice), 409)
+
+
+def test_file_upload_records_size_and_sha256_and_rejects_bad_names(api: Api) -> None:
+    alice = api.tenant("alice")
+    stored = api.http.post("/v1/files", files={"file": ("data.csv", b"a,b\n")}, headers=alice)
+    assert stored.status_code == 201
+    assert stored.json()["size"] == 4
+    assert stored.json()["sha256"] == "e3a5b7a5b5c8f1d3b2f9b2e0d0b0a0c0"[:0] + __import__("hashlib").sha256(b"a,b\n").hexdigest()
+    _problem(api.http.post("/v1/files", files={"file": ("..", b"x")}, headers=alice), 422)
+    _problem(api.http.post("/v1/files", files={"file": ("big", b"x" * (1024 * 1024 + 1))}, headers=alice), 413)
+
+
+def test_openapi_is_served(api: Api) -> None:
+    doc = api.http.get("/openapi.json").json()
+    assert "/v1/jobs" in doc["paths"] and "/v1/artifacts/{artifact_id}/url" in doc["paths"]
