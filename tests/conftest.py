@@ -58,7 +58,9 @@ def api(tmp_path: Path) -> Iterator[Api]:
         signed_url_ttl_s=60,
         default_image="python",
     )
-    app = create_app(services, max_json_bytes=256 * 1024, max_upload_bytes=1024 * 1024 + 4096, max_depth=16)
+    app = create_app(
+        services, max_json_bytes=256 * 1024, max_upload_bytes=1024 * 1024 + 4096, max_depth=16
+    )
     with TestClient(app, raise_server_exceptions=False) as http:
         yield Api(http, services, blobs, tmp_path)
 

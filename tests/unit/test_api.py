@@ -55,10 +55,19 @@ def test_duplicate_tenant_name_is_a_conflict(api: Api) -> None:
         ({"code": "print(1)", "surprise": True}, "surprise"),
         ({"code": "print(1)", "command": ["/bin/true"]}, "body"),
         ({}, "body"),
-        ({"code": "print(1)", "inputs": [{"file_id": "f", "path": "../etc/passwd"}]}, "inputs.0.path"),
-        ({"code": "print(1)", "inputs": [{"file_id": "f", "path": "/etc/passwd"}]}, "inputs.0.path"),
+        (
+            {"code": "print(1)", "inputs": [{"file_id": "f", "path": "../etc/passwd"}]},
+            "inputs.0.path",
+        ),
+        (
+            {"code": "print(1)", "inputs": [{"file_id": "f", "path": "/etc/passwd"}]},
+            "inputs.0.path",
+        ),
         ({"code": "print(1)", "inputs": [{"file_id": "f", "path": "a\u0000b"}]}, "inputs.0.path"),
-        ({"code": "print(1)", "inputs": [{"file_id": "file_missing", "path": "a.csv"}]}, "inputs.0.file_id"),
+        (
+            {"code": "print(1)", "inputs": [{"file_id": "file_missing", "path": "a.csv"}]},
+            "inputs.0.file_id",
+        ),
         ({"code": "print(1)", "env": {"SANDCELL_X": "1"}}, "env"),
         ({"code": "print(1)", "env": {"1BAD": "1"}}, "env"),
         ({"code": "x\u0000"}, "code"),
@@ -75,13 +84,38 @@ def test_bad_job_requests_name_the_offending_field(api: Api, body: dict, field: 
 def test_hostile_bodies_get_4xx_not_500(api: Api) -> None:
     alice = api.tenant("alice")
     deep = "[" * 5000 + "]" * 5000
-    _problem(api.http.post("/v1/jobs", content=deep, headers=alice | {"Content-Type": "application/json"}), 422)
+    _problem(
+        api.http.post(
+            "/v1/jobs", content=deep, headers=alice | {"Content-Type": "application/json"}
+        ),
+        422,
+    )
     nested = '{"code":"1","env":' + '{"a":' * 40 + "1" + "}" * 40 + "}"
-    _problem(api.http.post("/v1/jobs", content=nested, headers=alice | {"Content-Type": "application/json"}), 422)
+    _problem(
+        api.http.post(
+            "/v1/jobs", content=nested, headers=alice | {"Content-Type": "application/json"}
+        ),
+        422,
+    )
     big = '{"code":"' + "x" * 300_000 + '"}'
-    _problem(api.http.post("/v1/jobs", content=big, headers=alice | {"Content-Type": "application/json"}), 413)
-    _problem(api.http.post("/v1/jobs", content=b"\xff\xfe{", headers=alice | {"Content-Type": "application/json"}), 400)
-    _problem(api.http.post("/v1/jobs", content="[1,2]", headers=alice | {"Content-Type": "application/json"}), 422)
+    _problem(
+        api.http.post(
+            "/v1/jobs", content=big, headers=alice | {"Content-Type": "application/json"}
+        ),
+        413,
+    )
+    _problem(
+        api.http.post(
+            "/v1/jobs", content=b"\xff\xfe{", headers=alice | {"Content-Type": "application/json"}
+        ),
+        400,
+    )
+    _problem(
+        api.http.post(
+            "/v1/jobs", content="[1,2]", headers=alice | {"Content-Type": "application/json"}
+        ),
+        422,
+    )
     _problem(api.http.get("/v1/nowhere", headers=alice), 404)
     _problem(api.http.get("/v1/jobs?limit=100000", headers=alice), 422)
     _problem(api.http.get("/v1/jobs?cursor=%%%", headers=alice), 422)
@@ -102,7 +136,9 @@ def test_idempotency_key_replays_the_same_job_and_refuses_a_different_body(api: 
 
 def test_another_tenants_ids_answer_404_everywhere(api: Api) -> None:
     alice, bob = api.tenant("alice"), api.tenant("bob")
-    upload = api.http.post("/v1/files", files={"file": ("a.csv", b"x,y\n1,2\n")}, headers=alice).json()
+    upload = api.http.post(
+        "/v1/files", files={"file": ("a.csv", b"x,y\n1,2\n")}, headers=alice
+    ).json()
     job = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice).json()
     for method, path in [
         ("GET", f"/v1/jobs/{job['id']}"),
@@ -130,7 +166,10 @@ def test_cancelling_an_accepted_job_ends_it_and_cancelling_again_is_a_noop(api: 
 
 def test_list_is_paginated_with_a_cursor_and_filtered_by_state(api: Api) -> None:
     alice = api.tenant("alice")
-    ids = [api.http.post("/v1/jobs", json={"code": f"print({i})"}, headers=alice).json()["id"] for i in range(5)]
+    ids = [
+        api.http.post("/v1/jobs", json={"code": f"print({i})"}, headers=alice).json()["id"]
+        for i in range(5)
+    ]
     api.http.post(f"/v1/jobs/{ids[0]}/cancel", headers=alice)
     seen, cursor = [], None
     while True:
@@ -156,9 +195,18 @@ def test_file_upload_records_size_and_sha256_and_rejects_bad_names(api: Api) -> 
     stored = api.http.post("/v1/files", files={"file": ("data.csv", b"a,b\n")}, headers=alice)
     assert stored.status_code == 201
     assert stored.json()["size"] == 4
-    assert stored.json()["sha256"] == "e3a5b7a5b5c8f1d3b2f9b2e0d0b0a0c0"[:0] + __import__("hashlib").sha256(b"a,b\n").hexdigest()
+    assert (
+        stored.json()["sha256"]
+        == "e3a5b7a5b5c8f1d3b2f9b2e0d0b0a0c0"[:0]
+        + __import__("hashlib").sha256(b"a,b\n").hexdigest()
+    )
     _problem(api.http.post("/v1/files", files={"file": ("..", b"x")}, headers=alice), 422)
-    _problem(api.http.post("/v1/files", files={"file": ("big", b"x" * (1024 * 1024 + 1))}, headers=alice), 413)
+    _problem(
+        api.http.post(
+            "/v1/files", files={"file": ("big", b"x" * (1024 * 1024 + 1))}, headers=alice
+        ),
+        413,
+    )
 
 
 def test_openapi_is_served(api: Api) -> None:

@@ -2,8 +2,8 @@
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Iterator
+from typing import Annotated, Any, BinaryIO
 
 from anyio import to_thread
 from fastapi import APIRouter, File, Header, Query, Request, Response, UploadFile
@@ -205,7 +205,15 @@ def artifact_content(
         "X-Content-SHA256": artifact.sha256,
         "X-Content-Type-Options": "nosniff",
     }
-    return StreamingResponse(content, media_type="application/octet-stream", headers=headers)
+    return StreamingResponse(
+        _chunks(content), media_type="application/octet-stream", headers=headers
+    )
+
+
+def _chunks(content: BinaryIO) -> Iterator[bytes]:
+    with content:
+        while chunk := content.read(1 << 16):
+            yield chunk
 
 
 @router.post("/artifacts/{artifact_id}/url", response_model=SignedUrlOut, tags=["artifacts"])

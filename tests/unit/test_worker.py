@@ -1,0 +1,141 @@
+"""The worker's bookkeeping over a host-process fake runtime: logs, artifacts, reasons, fencing."""
+
+import hashlib
+import threading
+import time
+
+import pytest
+
+from sandcell.domain.errors import StaleLease
+from sandcell.domain.states import JobState
+from sandcell.services.worker import Worker, WorkerConfig
+from tests.conftest import Api
+from tests.fakes import FakeImages, HostProcessRuntime
+
+
+def _worker(api: Api) -> Worker:
+    config = WorkerConfig("wrk_test", slots=2, lease_s=5, heartbeat_s=0.1, poll_s=0.01)
+    return Worker(api.services.store, api.blobs, HostProcessRuntime(), FakeImages("python"), config)
+
+
+def _run_all(api: Api) -> None:
+    worker = _worker(api)
+    while (job := api.services.store.claim_next("wrk_test", time.time(), 5)) is not None:
+        worker.run_job(job)
+
+
+def test_completed_job_has_logs_outputs_and_timings(api: Api) -> None:
+    alice = api.tenant("alice")
+    code = "open('/output/chart.png','wb').write(b'PNG'*100); print('done'); import sys; print('warn', file=sys.stderr)"
+    job = api.http.post("/v1/jobs", json={"code": code}, headers=alice).json()
+    _run_all(api)
+    record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()
+    assert record["state"] == "completed" and record["reason"] is None and record["exit_code"] == 0
+    assert record["runtime"] == "fake" and record["image_digest"].startswith("sha256:")
+    assert all(record[k] is not None for k in ("queue_ms", "start_ms", "run_ms", "started_at"))
+    assert len(record["attempts"]) == 1
+    [output] = record["outputs"]
+    assert output["path"] == "chart.png" and output["size"] == 300
+    assert output["sha256"] == hashlib.sha256(b"PNG" * 100).hexdigest()
+    logs = api.http.get(f"/v1/jobs/{job['id']}/logs", headers=alice).json()
+    assert logs == {"stdout": "done\n", "stderr": "warn\n"}
+    content = api.http.get(f"/v1/artifacts/{output['artifact_id']}/content", headers=alice)
+    assert content.content == b"PNG" * 100
+
+
+def test_signed_urls_work_without_a_key_and_fail_when_tampered_or_crossed(api: Api) -> None:
+    alice, bob = api.tenant("alice"), api.tenant("bob")
+    job = api.http.post(
+        "/v1/jobs", json={"code": "open('/output/a.txt','w').write('hi')"}, headers=alice
+    ).json()
+    _run_all(api)
+    [output] = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()["outputs"]
+    art = output["artifact_id"]
+    assert api.http.post(f"/v1/artifacts/{art}/url", headers=bob).status_code == 404
+    assert api.http.get(f"/v1/artifacts/{art}", headers=bob).status_code == 404
+    assert api.http.get(f"/v1/artifacts/{art}/content", headers=bob).status_code == 404
+    assert api.http.get(f"/v1/artifacts/{art}/content").status_code == 401
+    url = api.http.post(f"/v1/artifacts/{art}/url", headers=alice).json()["url"]
+    assert api.http.get(url).content == b"hi"
+    assert api.http.get(url.replace("sig=", "sig=0")).status_code == 401
+    assert api.http.get(url.replace("expires=", "expires=1")).status_code == 401
+
+
+def test_nonzero_exit_is_exit_code_and_cancel_of_running_job_is_honoured(api: Api) -> None:
+    alice = api.tenant("alice")
+    failing = api.http.post("/v1/jobs", json={"code": "raise SystemExit(3)"}, headers=alice).json()
+    _run_all(api)
+    record = api.http.get(f"/v1/jobs/{failing['id']}", headers=alice).json()
+    assert (record["state"], record["reason"], record["exit_code"]) == ("failed", "exit_code", 3)
+
+    slow = api.http.post(
+        "/v1/jobs", json={"code": "import time; time.sleep(30)"}, headers=alice
+    ).json()
+    job = api.services.store.claim_next("wrk_test", time.time(), 5)
+    assert job is not None
+    runner = threading.Thread(target=_worker(api).run_job, args=(job,))
+    runner.start()
+    time.sleep(0.3)
+    assert (
+        api.http.post(f"/v1/jobs/{slow['id']}/cancel", headers=alice).json()["state"] == "running"
+    )
+    runner.join(10)
+    record = api.http.get(f"/v1/jobs/{slow['id']}", headers=alice).json()
+    assert (record["state"], record["reason"]) == ("cancelled", "cancelled")
+
+
+def test_retire_removes_artifacts_and_logs_and_reports_them(api: Api) -> None:
+    alice = api.tenant("alice")
+    job = api.http.post(
+        "/v1/jobs",
+        json={"code": "print('x'); open('/output/r.bin','wb').write(b'1234')"},
+        headers=alice,
+    ).json()
+    _run_all(api)
+    [output] = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()["outputs"]
+    report = api.http.delete(f"/v1/jobs/{job['id']}", headers=alice).json()
+    assert report["removed"]["artifacts"][0]["artifact_id"] == output["artifact_id"]
+    assert report["removed"]["artifact_bytes"] == 4 and report["removed"]["log_bytes"] == 2
+    assert not api.blobs.exists(output["sha256"])
+    assert api.http.get(f"/v1/artifacts/{output['artifact_id']}", headers=alice).status_code == 404
+    assert api.http.get(f"/v1/jobs/{job['id']}/logs", headers=alice).json() == {
+        "stdout": "",
+        "stderr": "",
+    }
+    tomb = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()
+    assert tomb["retired_at"] and tomb["state"] == "completed"
+    assert api.http.delete(f"/v1/jobs/{job['id']}", headers=alice).json()["already_retired"] is True
+
+
+def test_a_stale_fencing_token_cannot_finish_a_job(api: Api) -> None:
+    alice = api.tenant("alice")
+    api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice)
+    store = api.services.store
+    job = store.claim_next("wrk_a", time.time(), lease_s=0.01)
+    assert job is not None
+    time.sleep(0.05)
+    assert store.fail_lost_jobs(time.time()) == [job.id]
+    job.state = JobState.COMPLETED
+    with pytest.raises(StaleLease):
+        store.finish_job(job, job.fencing_token)
+    assert store.get_job(None, job.id).reason.value == "worker_lost"
+
+
+def test_expired_jobs_fail_with_expired(api: Api) -> None:
+    alice = api.tenant("alice")
+    job = api.http.post(
+        "/v1/jobs", json={"code": "print(1)", "expires_in_s": 0.01}, headers=alice
+    ).json()
+    time.sleep(0.05)
+    _worker(api).housekeeping()
+    record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()
+    assert (record["state"], record["reason"]) == ("failed", "expired")
+
+
+def test_long_poll_answers_when_the_job_ends(api: Api) -> None:
+    alice = api.tenant("alice")
+    job = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice).json()
+    threading.Timer(0.3, _run_all, args=(api,)).start()
+    started = time.monotonic()
+    record = api.http.get(f"/v1/jobs/{job['id']}", params={"wait": 10}, headers=alice).json()
+    assert record["state"] == "completed" and time.monotonic() - started < 5
