@@ -26,7 +26,10 @@ def _run_all(api: Api) -> None:
 
 def test_completed_job_has_logs_outputs_and_timings(api: Api) -> None:
     alice = api.tenant("alice")
-    code = "open('/output/chart.png','wb').write(b'PNG'*100); print('done'); import sys; print('warn', file=sys.stderr)"
+    code = (
+        "import sys; open('/output/chart.png','wb').write(b'PNG'*100); print('done');"
+        " print('warn', file=sys.stderr)"
+    )
     job = api.http.post("/v1/jobs", json={"code": code}, headers=alice).json()
     _run_all(api)
     record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()

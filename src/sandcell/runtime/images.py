@@ -1,0 +1,268 @@
+"""Images: build an approved root filesystem once, record its digest, find it again.
+
+Layout under `images_dir`::
+
+    <name>/<version>/manifest.json   name, version, digest, built_at, recipe, python
+    <name>/<version>/rootfs/         the read-only root every sandbox of that image shares
+
+A build happens in a temporary sibling directory and is renamed into place only when it is
+complete, so a crash mid-build never leaves something that looks like a usable image.
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sandcell.domain.errors import ImageUnavailable
+from sandcell.domain.images import Image
+from sandcell.runtime.digest import tree_digest
+from sandcell.runtime.mirror import debian_mirror
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
+MANIFEST = "manifest.json"
+MOUNT_POINTS = ("job", "input", "workspace", "output")  # the root is read-only: made at build
+BUILD_TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How an image is made. Changing any field makes the next build replace the image."""
+
+    name: str
+    version: str
+    packages: tuple[str, ...]
+    suite: str = "bookworm"
+    variant: str = "minbase"
+    # pip requirements (pinned) installed into the rootfs after debootstrap; `python-data`
+    # will use it (numpy, pandas, matplotlib). Not implemented yet: see `_install_pip`.
+    pip: tuple[str, ...] = ()
+    python: str = "/usr/bin/python3.11"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+
+RECIPES: dict[str, Recipe] = {
+    "python": Recipe(
+        name="python",
+        version="1",
+        packages=("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates"),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Manifest:
+    name: str
+    version: str
+    digest: str
+    built_at: str
+    recipe: dict[str, Any]
+    python: str
+    mirror: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def image(self, version_dir: Path) -> Image:
+        return Image(self.name, self.version, self.digest, version_dir / "rootfs", self.python)
+
+
+def build_image(name: str, images_dir: Path, *, force: bool = False) -> Image:
+    """Build image `name` into `images_dir` unless it is already built from the same recipe."""
+    recipe = _recipe(name)
+    final = images_dir / recipe.name / recipe.version
+    existing = _read_manifest(final)
+    if existing and existing.recipe == recipe.as_dict() and not force:
+        return existing.image(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    # Same parent as the final directory: the rename into place is atomic on one filesystem.
+    work = Path(tempfile.mkdtemp(prefix=f".build-{recipe.version}-", dir=final.parent))
+    try:
+        _build_into(recipe, work)
+        _install(work, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    installed = _read_manifest(final)  # ours, or a concurrent build's that got there first
+    if installed is None:
+        raise ImageUnavailable(f"image {name!r}: build finished but no manifest is in place")
+    return installed.image(final)
+
+
+def verify(image: Image, *, full: bool = False) -> None:
+    """Raise ImageUnavailable unless `image` is still what its manifest says.
+
+    The cheap check (manifest digest and rootfs present) runs before every job; `full`
+    re-hashes the whole tree and is meant for `sandcell image verify` and audits.
+    """
+    version_dir = image.rootfs.parent
+    manifest = _read_manifest(version_dir)
+    if manifest is None or manifest.digest != image.digest or not image.rootfs.is_dir():
+        raise ImageUnavailable(f"image {image.name!r} {image.version} is missing or was rebuilt")
+    if full and tree_digest(image.rootfs) != image.digest:
+        raise ImageUnavailable(f"image {image.name!r} {image.version}: digest no longer matches")
+
+
+class FilesystemImageCatalog:
+    """The ImageCatalog over `images_dir`: trusts manifests, checks the rootfs exists."""
+
+    def __init__(self, images_dir: Path) -> None:
+        self.images_dir = images_dir
+
+    def get(self, name: str) -> Image:
+        if not NAME.match(name):  # names come from requests: never let them walk the disk
+            raise ImageUnavailable(f"image {name!r} is not a valid image name")
+        builds = self._builds(name)
+        if not builds:
+            raise ImageUnavailable(f"image {name!r} is not built; run `sandcell image build {name}`")
+        version_dir, manifest = builds[-1]
+        return manifest.image(version_dir)
+
+    def names(self) -> list[str]:
+        if not self.images_dir.is_dir():
+            return []
+        found = (p.name for p in self.images_dir.iterdir() if NAME.match(p.name))
+        return sorted(name for name in found if self._builds(name))
+
+    def _builds(self, name: str) -> list[tuple[Path, Manifest]]:
+        """Usable builds of `name`, oldest first (the last one is served)."""
+        base = self.images_dir / name
+        if not base.is_dir():
+            return []
+        builds = []
+        for version_dir in base.iterdir():
+            manifest = _read_manifest(version_dir)
+            if manifest and manifest.name == name and (version_dir / "rootfs").is_dir():
+                builds.append((version_dir, manifest))
+        return sorted(builds, key=lambda b: b[1].built_at)
+
+
+def _recipe(name: str) -> Recipe:
+    try:
+        return RECIPES[name]
+    except KeyError:
+        known = ", ".join(sorted(RECIPES))
+        raise ImageUnavailable(f"no recipe for image {name!r}; known: {known}") from None
+
+
+def _build_into(recipe: Recipe, work: Path) -> Manifest:
+    rootfs = work / "rootfs"
+    mirror = debian_mirror()
+    _debootstrap(recipe, rootfs, mirror)
+    _install_pip(recipe, rootfs)
+    _harden(rootfs)
+    manifest = Manifest(
+        name=recipe.name,
+        version=recipe.version,
+        digest=tree_digest(rootfs),
+        built_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        recipe=recipe.as_dict(),
+        python=recipe.python,
+        mirror=mirror,
+    )
+    if not (rootfs / recipe.python.lstrip("/")).exists():
+        raise ImageUnavailable(f"image {recipe.name!r}: {recipe.python} missing after build")
+    _write_json(work / MANIFEST, asdict(manifest))
+    return manifest
+
+
+def _debootstrap(recipe: Recipe, rootfs: Path, mirror: str) -> None:
+    cmd = [
+        "debootstrap",
+        f"--variant={recipe.variant}",
+        f"--include={','.join(recipe.packages)}",
+        recipe.suite,
+        str(rootfs),
+        mirror,
+    ]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ImageUnavailable(f"image {recipe.name!r}: debootstrap failed: {exc}") from exc
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout)[-2000:]
+        raise ImageUnavailable(f"image {recipe.name!r}: debootstrap failed:\n{tail}")
+
+
+def _install_pip(recipe: Recipe, rootfs: Path) -> None:
+    if recipe.pip:  # python-data will pip-install pinned wheels here, offline from a cache
+        raise ImageUnavailable(f"image {recipe.name!r}: pip steps are not supported yet")
+
+
+def _harden(rootfs: Path) -> None:
+    """Strip what a sandbox must not see or use from a fresh debootstrap tree."""
+    for mount_point in MOUNT_POINTS:
+        (rootfs / mount_point).mkdir(mode=0o755, exist_ok=True)
+    # debootstrap copies the host's resolver and hostname; a sandbox gets neither.
+    _replace_file(rootfs / "etc/resolv.conf", "")
+    _replace_file(rootfs / "etc/hostname", "sandbox\n")
+    _replace_file(rootfs / "etc/hosts", "127.0.0.1\tlocalhost\n::1\tlocalhost\n")
+    for cache in ("var/cache/apt", "var/lib/apt/lists"):
+        _empty_dir(rootfs / cache)
+    _drop_setid_bits(rootfs)
+
+
+def _replace_file(path: Path, text: str) -> None:
+    if path.is_symlink() or path.exists():
+        path.unlink()
+    path.write_text(text)
+    path.chmod(0o644)
+
+
+def _empty_dir(path: Path) -> None:
+    if not path.is_dir():
+        return
+    for child in path.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            shutil.rmtree(child)
+        else:
+            child.unlink()
+
+
+def _drop_setid_bits(rootfs: Path) -> None:
+    """No setuid/setgid binaries: no_new_privs already neuters them; this is belt and braces."""
+    for dirpath, _dirs, files in os.walk(rootfs):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            mode = os.lstat(path).st_mode
+            if mode & 0o6000 and not os.path.islink(path):
+                os.chmod(path, mode & 0o1777)
+
+
+def _install(work: Path, final: Path) -> None:
+    """Move a finished build to `final`, replacing an older build of the same version."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}-{os.getpid()}")
+        final.rename(old)
+    try:
+        work.rename(final)
+    except OSError:
+        if old is not None:
+            old.rename(final)
+        if _read_manifest(final) is None:  # a concurrent build did not win either
+            raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _read_manifest(version_dir: Path) -> Manifest | None:
+    try:
+        data = json.loads((version_dir / MANIFEST).read_text())
+        return Manifest(**data)
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as out:
+        json.dump(data, out, indent=2, sort_keys=True)
+        out.write("\n")
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)

@@ -1,0 +1,120 @@
+"""A real `sandcell serve` (API + worker + runsc) on a free port, with its own data dir."""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ADMIN_KEY = "e2e-admin-key-" + "x" * 20
+IMAGE_DIR = Path(os.environ.get("SANDCELL_IMAGE_DIR", "/var/lib/sandcell/images"))
+
+
+@dataclass
+class Server:
+    url: str
+    data_dir: Path
+    admin: dict[str, str]
+
+    def tenant(self, name: str) -> dict[str, str]:
+        with httpx.Client(base_url=self.url, headers=self.admin) as http:
+            tenant = http.post("/v1/admin/tenants", json={"name": name}).raise_for_status().json()
+            key = http.post(f"/v1/admin/tenants/{tenant['id']}/keys").raise_for_status().json()
+        return {"Authorization": f"Bearer {key['key']}"}
+
+    def env(self) -> dict[str, str]:
+        return os.environ | {
+            "SANDCELL_DATA_DIR": str(self.data_dir),
+            "SANDCELL_IMAGE_DIR": str(IMAGE_DIR),
+            "SANDCELL_URL": self.url,
+        }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"sandcell serve exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"sandcell serve not ready: {log.read_text()[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    if os.geteuid() != 0:
+        pytest.skip("the gVisor worker needs root")
+    data_dir = tmp_path_factory.mktemp("sandcell-data")
+    port = _free_port()
+    env = os.environ | {
+        "SANDCELL_DATA_DIR": str(data_dir),
+        "SANDCELL_IMAGE_DIR": str(IMAGE_DIR),
+        "SANDCELL_PORT": str(port),
+        "SANDCELL_ADMIN_KEY": ADMIN_KEY,
+        "SANDCELL_WORKER_SLOTS": "2",
+    }
+    subprocess.run(
+        [sys.executable, "-m", "sandcell.cli.main", "image", "build", "python"], env=env, check=True
+    )
+    log = data_dir / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sandcell.cli.main", "serve"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(url, proc, log)
+        yield Server(url, data_dir, {"Authorization": f"Bearer {ADMIN_KEY}"})
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def run_job(server: Server, headers: dict[str, str], body: dict, timeout: float = 60) -> dict:
+    """Submit over HTTP and wait for the terminal record with one long-poll request at a time."""
+    with httpx.Client(base_url=server.url, headers=headers, timeout=timeout + 30) as http:
+        job = http.post("/v1/jobs", json=body).raise_for_status().json()
+        deadline = time.monotonic() + timeout
+        while job["state"] not in ("completed", "failed", "cancelled"):
+            assert time.monotonic() < deadline, job
+            job = http.get(f"/v1/jobs/{job['id']}", params={"wait": 10}).json()
+        return job
+
+
+def host_processes_mentioning(text: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if text in cmdline:
+            found.append(f"{pid}: {cmdline}")
+    return found

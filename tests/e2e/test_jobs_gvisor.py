@@ -1,0 +1,226 @@
+"""The job service end to end: real `sandcell serve`, real HTTP, real runsc sandboxes."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Server, host_processes_mentioning, run_job
+
+pytestmark = pytest.mark.gvisor
+
+CHART = """
+import struct, zlib
+def chunk(kind, data):
+    return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
+rows = b''.join(b'\\x00' + bytes([x % 256, (x * 3) % 256, 200] * 64) for x in range(64))
+png = (b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', 64, 64, 8, 2, 0, 0, 0))
+       + chunk(b'IDAT', zlib.compress(rows)) + chunk(b'IEND', b''))
+open('/output/chart.png', 'wb').write(png)
+print(len(png))
+"""
+
+
+def _expected_chart() -> bytes:
+    scope: dict = {}
+    exec(CHART.replace("/output/chart.png", os.devnull).replace("print(len(png))", ""), scope)
+    return scope["png"]
+
+
+def test_a_job_writing_a_chart_completes_with_the_right_sha256(server: Server) -> None:
+    alice = server.tenant("chart")
+    job = run_job(server, alice, {"code": CHART})
+    assert job["state"] == "completed", job
+    assert job["runtime"] == "gvisor" and job["runtime_version"].startswith("runsc")
+    assert job["image_digest"].startswith("sha256:")
+    [output] = job["outputs"]
+    expected = _expected_chart()
+    assert output["path"] == "chart.png"
+    assert output["sha256"] == hashlib.sha256(expected).hexdigest()
+    with httpx.Client(base_url=server.url, headers=alice) as http:
+        body = http.get(f"/v1/artifacts/{output['artifact_id']}/content").content
+        logs = http.get(f"/v1/jobs/{job['id']}/logs").json()
+    assert body == expected
+    assert logs["stdout"] == f"{len(expected)}\n"
+    assert job["queue_ms"] is not None and job["start_ms"] > 0 and job["run_ms"] > 0
+
+
+REASONS = {
+    "exit_code": ({"code": "import sys; sys.exit(7)"}, {}),
+    "timeout": ({"code": "import time; time.sleep(60)"}, {"timeout_s": 2}),
+    "memory": (
+        {"code": "chunks = []\nwhile True: chunks.append(bytearray(16 * 2**20))"},
+        {"memory_mb": 128},
+    ),
+    "pids": (
+        {"code": "import os, time\nfor _ in range(200):\n    if os.fork() == 0: time.sleep(30)"},
+        {"pids": 32},
+    ),
+    "disk": (
+        {"code": "f = open('/workspace/big', 'wb')\nwhile True: f.write(b'x' * 2**20); f.flush()"},
+        {"disk_mb": 16},
+    ),
+    "output_limit": ({"code": "while True: print('y' * 1000)"}, {"output_mb": 0.1}),
+}
+
+
+@pytest.mark.parametrize("reason", list(REASONS))
+def test_each_limit_that_trips_gives_its_own_reason(server: Server, reason: str) -> None:
+    body, limits = REASONS[reason]
+    job = run_job(server, server.tenant(f"reason-{reason}"), body | {"limits": limits})
+    assert (job["state"], job["reason"]) == ("failed", reason), job
+    if reason == "exit_code":
+        assert job["exit_code"] == 7
+    assert host_processes_mentioning(job["id"]) == []
+
+
+STUBBORN = """
+import os, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        while True: time.sleep(1)
+    os._exit(0)
+print('ready', flush=True)
+while True: time.sleep(1)
+"""
+
+
+def test_cancel_really_kills_a_stubborn_double_forked_program(server: Server) -> None:
+    alice = server.tenant("cancel")
+    with httpx.Client(base_url=server.url, headers=alice, timeout=60) as http:
+        job = http.post("/v1/jobs", json={"code": STUBBORN}).json()
+        deadline = time.monotonic() + 30
+        while "ready" not in http.get(f"/v1/jobs/{job['id']}/logs").json()["stdout"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        assert host_processes_mentioning(job["id"]), "the sandbox should be running"
+        answer = http.post(f"/v1/jobs/{job['id']}/cancel")
+        assert answer.status_code == 202
+        record = http.get(f"/v1/jobs/{job['id']}", params={"wait": 30}).json()
+    assert (record["state"], record["reason"]) == ("cancelled", "cancelled")
+    assert host_processes_mentioning(job["id"]) == []
+
+
+ISOLATION = """
+import ctypes, json, os, socket
+facts = {"uid": os.getuid(), "gid": os.getgid()}
+status = dict(line.split(":\\t", 1) for line in open('/proc/self/status').read().splitlines())
+facts["caps"] = [status[k].strip() for k in ("CapEff", "CapPrm", "CapBnd", "CapInh")]
+facts["no_new_privs"] = status.get("NoNewPrivs", "").strip()
+facts["canary"] = os.path.exists(CANARY)
+facts["pids"] = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())
+lines = open('/proc/net/dev').readlines()[2:]
+facts["interfaces"] = sorted(line.split(':')[0].strip() for line in lines)
+try:
+    open('/usr/evil', 'w'); facts["root_writable"] = True
+except OSError:
+    facts["root_writable"] = False
+try:
+    socket.getaddrinfo('example.invalid', 80); facts["dns"] = True
+except OSError:
+    facts["dns"] = False
+s = socket.socket(); s.settimeout(2)
+try:
+    s.connect(('127.0.0.1', PORT)); facts["host_loopback"] = True
+except OSError:
+    facts["host_loopback"] = False
+libc = ctypes.CDLL(None, use_errno=True)
+facts["io_uring"] = libc.syscall(425, 8, ctypes.create_string_buffer(120)) >= 0
+facts["env"] = sorted(os.environ)
+print(json.dumps(facts))
+"""
+
+
+def test_the_sandbox_sees_no_host_files_processes_capabilities_or_network(
+    server: Server, tmp_path: Path
+) -> None:
+    canary = Path("/root/sandcell-canary-e2e")
+    canary.write_text("secret")
+    listener = __import__("socket").socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    headers = server.tenant("isolation")
+    try:
+        code = ISOLATION.replace("CANARY", repr(str(canary))).replace("PORT", str(port))
+        job = run_job(server, headers, {"code": code, "env": {"MINE": "1"}})
+    finally:
+        canary.unlink()
+        listener.close()
+    assert job["state"] == "completed", job
+    with httpx.Client(base_url=server.url, headers=headers) as http:
+        facts = json.loads(http.get(f"/v1/jobs/{job['id']}/logs").json()["stdout"])
+    assert (facts["uid"], facts["gid"]) == (65534, 65534)
+    assert facts["caps"] == ["0000000000000000"] * 4
+    assert facts["no_new_privs"] == "1"
+    assert facts["canary"] is False and facts["root_writable"] is False
+    assert len(facts["pids"]) <= 3, facts["pids"]  # sh exec'd into python: only the sandbox's own
+    assert facts["interfaces"] == ["lo"]
+    assert facts["dns"] is False and facts["host_loopback"] is False
+    assert facts["io_uring"] is False
+    assert "SANDCELL_ADMIN_KEY" not in facts["env"] and "MINE" in facts["env"]
+    assert not any(name.startswith(("PYENV", "SSH", "PG")) for name in facts["env"])
+
+
+def test_twenty_concurrent_submissions_with_one_key_create_one_job(server: Server) -> None:
+    alice = server.tenant("idem") | {"Idempotency-Key": "same-key"}
+    answers: list[httpx.Response] = []
+    barrier = threading.Barrier(20)
+
+    def submit() -> None:
+        with httpx.Client(base_url=server.url, headers=alice, timeout=30) as http:
+            barrier.wait()
+            answers.append(http.post("/v1/jobs", json={"code": "print(1)"}))
+
+    threads = [threading.Thread(target=submit) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len({a.json()["id"] for a in answers}) == 1
+    assert sorted(a.status_code for a in answers) == [200] * 19 + [202]
+
+
+def test_cli_run_submits_waits_prints_logs_and_downloads(server: Server, tmp_path: Path) -> None:
+    headers = server.tenant("cli")
+    (tmp_path / "data.csv").write_text("x,y\n1,2\n3,4\n")
+    (tmp_path / "analysis.py").write_text(
+        "rows = open('/input/data.csv').read().splitlines()[1:]\n"
+        "total = sum(int(r.split(',')[1]) for r in rows)\n"
+        "open('/output/total.txt', 'w').write(str(total))\n"
+        "print('total', total)\n"
+    )
+    env = server.env() | {"SANDCELL_API_KEY": headers["Authorization"].split()[1]}
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sandcell.cli.main",
+            "run",
+            "analysis.py",
+            "--input",
+            "data.csv",
+            "--wait",
+            "--out",
+            "out",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "total 6" in result.stdout
+    [downloaded] = list((tmp_path / "out").rglob("total.txt"))
+    assert downloaded.read_text() == "6"
