@@ -96,6 +96,7 @@ def build_worker(settings: Settings) -> Worker:
         lease_s=settings.lease_s,
         heartbeat_s=settings.heartbeat_s,
         poll_s=settings.poll_s,
+        idempotency_ttl_s=settings.idempotency_ttl_s,
     )
     blobs = FilesystemBlobStore(settings.data_dir / "blobs")
     return Worker(store, blobs, runtime, FilesystemImageCatalog(settings.image_dir), config)

@@ -142,3 +142,20 @@ def test_long_poll_answers_when_the_job_ends(api: Api) -> None:
     started = time.monotonic()
     record = api.http.get(f"/v1/jobs/{job['id']}", params={"wait": 10}, headers=alice).json()
     assert record["state"] == "completed" and time.monotonic() - started < 5
+
+
+def test_logs_stream_as_server_sent_events_and_end_with_the_state(api: Api) -> None:
+    alice = api.tenant("alice")
+    code = "import sys; print('out\\x1b[31m'); print('err', file=sys.stderr); sys.stdout.buffer.write(b'\\xff\\x00')"
+    job = api.http.post("/v1/jobs", json={"code": code}, headers=alice).json()
+    _run_all(api)
+    sse = api.http.get(
+        f"/v1/jobs/{job['id']}/logs", headers=alice | {"Accept": "text/event-stream"}
+    )
+    assert sse.headers["content-type"].startswith("text/event-stream")
+    events = [block.split("\n") for block in sse.text.strip().split("\n\n")]
+    kinds = [next(line[7:] for line in e if line.startswith("event: ")) for e in events]
+    assert set(kinds) >= {"stdout", "stderr"} and kinds[-1] == "end"
+    assert '"state": "completed"' in events[-1][-1]
+    logs = api.http.get(f"/v1/jobs/{job['id']}/logs", headers=alice).json()
+    assert logs["stdout"] == "out\x1b[31m\n\ufffd\ufffd"  # escapes stay data; bad bytes replaced

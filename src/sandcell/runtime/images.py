@@ -119,7 +119,9 @@ class FilesystemImageCatalog:
             raise ImageUnavailable(f"image {name!r} is not a valid image name")
         builds = self._builds(name)
         if not builds:
-            raise ImageUnavailable(f"image {name!r} is not built; run `sandcell image build {name}`")
+            raise ImageUnavailable(
+                f"image {name!r} is not built; run `sandcell image build {name}`"
+            )
         version_dir, manifest = builds[-1]
         return manifest.image(version_dir)
 

@@ -42,6 +42,7 @@ class WorkerConfig:
     lease_s: float = 15.0
     heartbeat_s: float = 2.0
     poll_s: float = 0.05
+    idempotency_ttl_s: float = 48 * 3600
 
 
 class JobSink:
@@ -141,6 +142,7 @@ class Worker:
 
     def housekeeping(self) -> None:
         now = time.time()
+        self.store.purge_idempotency_keys(now - self.config.idempotency_ttl_s)
         for job_id in self.store.expire_unstarted(now):
             log.info("job %s expired before it started", job_id)
         for job_id in self.store.fail_lost_jobs(now):

@@ -1,0 +1,1 @@
+"""Command line faces: the server, the worker, and a client for people."""
