@@ -146,7 +146,10 @@ def test_long_poll_answers_when_the_job_ends(api: Api) -> None:
 
 def test_logs_stream_as_server_sent_events_and_end_with_the_state(api: Api) -> None:
     alice = api.tenant("alice")
-    code = "import sys; print('out\\x1b[31m'); print('err', file=sys.stderr); sys.stdout.buffer.write(b'\\xff\\x00')"
+    code = (
+        "import sys; print('out\\x1b[31m'); print('err', file=sys.stderr);"
+        " sys.stdout.buffer.write(b'\\xff\\x00')"
+    )
     job = api.http.post("/v1/jobs", json={"code": code}, headers=alice).json()
     _run_all(api)
     sse = api.http.get(

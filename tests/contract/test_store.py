@@ -1,0 +1,142 @@
+"""One contract suite for the store, run against SQLite and the real PostgreSQL."""
+
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from sandcell.domain.errors import Conflict, IdempotencyMismatch, StaleLease
+from sandcell.domain.ids import new_id
+from sandcell.domain.limits import Limits
+from sandcell.domain.records import Artifact, Job, JobSpec, Tenant
+from sandcell.domain.states import JobState, Reason
+from sandcell.store.sql import SqlStore
+from tests.conftest import sqlite_store
+
+PG_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
+    if request.param == "sqlite":
+        yield sqlite_store(tmp_path / "contract.db")
+        return
+    schema = f"sc_test_{secrets.token_hex(4)}"
+    admin = create_engine(PG_URL)
+    with admin.begin() as conn:
+        conn.execute(text(f"CREATE SCHEMA {schema}"))
+    engine = create_engine(PG_URL, connect_args={"options": f"-csearch_path={schema}"})
+    pg = SqlStore(engine)
+    pg.create_schema()
+    try:
+        yield pg
+    finally:
+        engine.dispose()
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        admin.dispose()
+
+
+def _tenant(store: SqlStore, name: str = "t") -> Tenant:
+    tenant = Tenant(new_id("ten"), name, {}, None, time.time())
+    store.add_tenant(tenant)
+    return tenant
+
+
+def _job(tenant: Tenant, **extra: object) -> Job:
+    spec = JobSpec("python", "print(1)", None, [], Limits(), {})
+    return Job(new_id("job"), tenant.id, JobState.ACCEPTED, spec, time.time(), None, **extra)  # type: ignore[arg-type]
+
+
+def test_tenant_names_are_unique(store: SqlStore) -> None:
+    _tenant(store, "same")
+    with pytest.raises(Conflict):
+        _tenant(store, "same")
+
+
+def test_idempotent_insert_returns_the_first_job_and_refuses_another_body(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    first = store.add_job(_job(tenant), ("key", "body-a"))
+    again = store.add_job(_job(tenant), ("key", "body-a"))
+    assert again.id == first.id
+    with pytest.raises(IdempotencyMismatch):
+        store.add_job(_job(tenant), ("key", "body-b"))
+
+
+def test_concurrent_idempotent_inserts_make_one_job(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    ids: list[str] = []
+    barrier = threading.Barrier(10)
+
+    def insert() -> None:
+        barrier.wait()
+        ids.append(store.add_job(_job(tenant), ("race", "same")).id)
+
+    threads = [threading.Thread(target=insert) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(ids) == 10 and len(set(ids)) == 1
+
+
+def test_concurrent_claims_never_hand_one_job_to_two_workers(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    for _ in range(20):
+        store.add_job(_job(tenant), None)
+    claimed: list[str] = []
+
+    def claim(worker: str) -> None:
+        while (job := store.claim_next(worker, time.time(), 30)) is not None:
+            claimed.append(job.id)
+
+    threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(claimed) == 20 and len(set(claimed)) == 20
+
+
+def test_fencing_refuses_writes_from_a_worker_that_lost_its_lease(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    store.add_job(_job(tenant), None)
+    job = store.claim_next("w1", time.time(), lease_s=0.01)
+    assert job is not None
+    time.sleep(0.05)
+    assert store.fail_lost_jobs(time.time()) == [job.id]
+    with pytest.raises(StaleLease):
+        store.append_log(job.id, job.fencing_token, "stdout", b"late")
+    artifact = Artifact(new_id("art"), tenant.id, job.id, "x", 1, "0" * 64, time.time())
+    with pytest.raises(StaleLease):
+        store.add_artifact(artifact, job.fencing_token)
+    assert not store.renew_lease(job.id, job.fencing_token, time.time(), 30)
+    found = store.get_job(None, job.id)
+    assert found is not None and found.reason is Reason.WORKER_LOST
+
+
+def test_logs_keep_order_and_bytes(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    store.add_job(_job(tenant), None)
+    job = store.claim_next("w1", time.time(), 30)
+    assert job is not None
+    for i in range(5):
+        store.append_log(
+            job.id, job.fencing_token, "stdout" if i % 2 else "stderr", bytes([i, 0, 255])
+        )
+    chunks = store.read_logs(job.id, -1)
+    assert [c.data for c in chunks] == [bytes([i, 0, 255]) for i in range(5)]
+    assert [c.seq for c in store.read_logs(job.id, chunks[2].seq)] == [chunks[3].seq, chunks[4].seq]
+
+
+def test_other_tenants_see_nothing(store: SqlStore) -> None:
+    alice, bob = _tenant(store, "alice"), _tenant(store, "bob")
+    job = store.add_job(_job(alice), None)
+    assert store.get_job(bob.id, job.id) is None
+    assert store.request_cancel(bob.id, job.id, time.time()) is None
+    assert store.retire_job(bob.id, job.id, time.time()) is None
+    assert store.list_jobs(bob.id, None, None, 10) == []
