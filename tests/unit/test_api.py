@@ -212,3 +212,21 @@ def test_file_upload_records_size_and_sha256_and_rejects_bad_names(api: Api) -> 
 def test_openapi_is_served(api: Api) -> None:
     doc = api.http.get("/openapi.json").json()
     assert "/v1/jobs" in doc["paths"] and "/v1/artifacts/{artifact_id}/url" in doc["paths"]
+
+
+def test_readiness_needs_the_store_the_image_and_a_live_worker(api: Api) -> None:
+    import time
+
+    from sandcell.domain.records import WorkerInfo
+
+    assert api.http.get("/healthz").status_code == 200
+    not_ready = api.http.get("/readyz")
+    assert not_ready.status_code == 503 and not_ready.json()["checks"]["runtime"] is False
+    info = WorkerInfo("wrk_1", "host", "gvisor", "runsc 1", time.time())
+    api.services.store.worker_seen(info, time.time())
+    assert api.http.get("/readyz").json() == {
+        "ready": True,
+        "checks": {"store": True, "image": True, "runtime": True},
+    }
+    api.services.store.worker_stopped("wrk_1", time.time())
+    assert api.http.get("/readyz").status_code == 503

@@ -101,3 +101,12 @@ class LogChunk:
     seq: int
     stream: str
     data: bytes
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    id: str
+    host: str
+    runtime: str
+    runtime_version: str
+    started_at: float

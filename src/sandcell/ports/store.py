@@ -2,7 +2,15 @@
 
 from typing import Protocol
 
-from sandcell.domain.records import ApiKey, Artifact, Job, LogChunk, StoredFile, Tenant
+from sandcell.domain.records import (
+    ApiKey,
+    Artifact,
+    Job,
+    LogChunk,
+    StoredFile,
+    Tenant,
+    WorkerInfo,
+)
 from sandcell.domain.states import JobState, Reason
 
 
@@ -62,4 +70,9 @@ class Store(Protocol):
         """Delete artifacts rows and log chunks; return the artifacts and log bytes removed."""
 
     def sha256_in_use(self, sha256: str) -> bool: ...
+
+    # workers announce themselves, so the API can tell whether anything will run a job
+    def worker_seen(self, worker: WorkerInfo, at: float) -> None: ...
+    def worker_stopped(self, worker_id: str, at: float) -> None: ...
+    def live_workers(self, seen_since: float) -> list[WorkerInfo]: ...
     def ping(self) -> None: ...

@@ -83,6 +83,7 @@ def build_image(name: str, images_dir: Path, *, force: bool = False) -> Image:
     final.parent.mkdir(parents=True, exist_ok=True)
     # Same parent as the final directory: the rename into place is atomic on one filesystem.
     work = Path(tempfile.mkdtemp(prefix=f".build-{recipe.version}-", dir=final.parent))
+    work.chmod(0o755)  # the API reads manifests without root; mkdtemp makes it 0700
     try:
         _build_into(recipe, work)
         _install(work, final)

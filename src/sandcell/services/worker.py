@@ -5,6 +5,7 @@ lease (paused, partitioned) cannot overwrite what its successor decided.
 """
 
 import logging
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,7 @@ from typing import BinaryIO
 from sandcell.domain.errors import ImageUnavailable, SandcellError, StaleLease
 from sandcell.domain.ids import new_id
 from sandcell.domain.paths import safe_relative_path
-from sandcell.domain.records import Artifact, Job
+from sandcell.domain.records import Artifact, Job, WorkerInfo
 from sandcell.domain.states import JobState, Reason
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.images import ImageCatalog
@@ -117,10 +118,24 @@ class Worker:
         reaped = self.runtime.reap()
         if reaped:
             log.warning("removed leftovers of an earlier run: %s", reaped)
+        info = WorkerInfo(
+            self.config.worker_id,
+            socket.gethostname(),
+            self.runtime.name,
+            self.runtime.version(),
+            time.time(),
+        )
+        try:
+            self._claim_loop(stop, info)
+        finally:
+            self.store.worker_stopped(info.id, time.time())
+
+    def _claim_loop(self, stop: threading.Event, info: WorkerInfo) -> None:
         with ThreadPoolExecutor(self.config.slots, thread_name_prefix="job") as pool:
             next_housekeeping = 0.0
             while not stop.is_set():
                 if time.monotonic() >= next_housekeeping:
+                    self.store.worker_seen(info, time.time())
                     self.housekeeping()
                     next_housekeeping = time.monotonic() + 1.0
                 job = self._claim() if self._free_slot() else None

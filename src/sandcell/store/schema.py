@@ -109,3 +109,15 @@ artifacts = Table(
     Index("artifacts_by_job", "job_id"),
     Index("artifacts_by_sha", "sha256"),
 )
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("runtime", String(32), nullable=False),
+    Column("runtime_version", String(80), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("seen_at", Float, nullable=False),
+    Column("stopped_at", Float),
+)

@@ -23,6 +23,7 @@ from sandcell.domain.records import (
     LogChunk,
     StoredFile,
     Tenant,
+    WorkerInfo,
 )
 from sandcell.domain.states import JobState, Reason
 from sandcell.store.schema import (
@@ -34,6 +35,7 @@ from sandcell.store.schema import (
     jobs,
     metadata,
     tenants,
+    workers,
 )
 
 ACTIVE = (JobState.ACCEPTED.value, JobState.RUNNING.value)
@@ -492,6 +494,30 @@ class SqlStore:
                 select(files.c.id).where(files.c.sha256 == sha256).limit(1)
             ).first()
         return in_artifacts is not None or in_files is not None
+
+    # workers
+
+    def worker_seen(self, worker: WorkerInfo, at: float) -> None:
+        with self._tx() as conn:
+            result = conn.execute(
+                update(workers).where(workers.c.id == worker.id).values(seen_at=at)
+            )
+            if result.rowcount == 0:
+                conn.execute(insert(workers).values(**asdict(worker), seen_at=at))
+
+    def worker_stopped(self, worker_id: str, at: float) -> None:
+        with self._tx() as conn:
+            conn.execute(update(workers).where(workers.c.id == worker_id).values(stopped_at=at))
+
+    def live_workers(self, seen_since: float) -> list[WorkerInfo]:
+        query = select(workers).where(
+            workers.c.seen_at >= seen_since, workers.c.stopped_at.is_(None)
+        )
+        with self._read() as conn:
+            return [
+                WorkerInfo(r.id, r.host, r.runtime, r.runtime_version, r.started_at)
+                for r in conn.execute(query)
+            ]
 
     def ping(self) -> None:
         with self._read() as conn:

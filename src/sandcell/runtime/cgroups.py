@@ -1,0 +1,194 @@
+"""One cgroup (v1) per sandbox: its limits, the counters that say why it died, its cleanup.
+
+runsc runs with `--ignore-cgroups` and is started *inside* this cgroup, so the runsc CLI,
+gofer, sentry and ptrace stubs all inherit it. Owning the cgroup (instead of letting runsc
+create and delete one) is what keeps `memory.oom_control`'s `oom_kill` and `pids.events`
+readable after the sandbox is gone: those counters are how a reason is told apart.
+"""
+
+import errno
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandcell.domain.errors import RuntimeUnavailable
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CONTROLLERS = ("memory", "cpu", "cpuacct", "pids")
+CPU_PERIOD_US = 100_000
+REQUIRED_FILES = {
+    "memory": ("memory.limit_in_bytes", "memory.oom_control", "memory.max_usage_in_bytes"),
+    "cpu": ("cpu.cfs_quota_us", "cpu.cfs_period_us"),
+    "cpuacct": ("cpuacct.usage",),
+    "pids": ("pids.max", "pids.events"),
+}
+
+
+@dataclass(frozen=True)
+class CgroupLimits:
+    memory_bytes: int
+    cpus: float
+    pids_max: int
+
+
+def require_v1(root: Path = CGROUP_ROOT) -> None:
+    """Raise RuntimeUnavailable unless every controller we enforce with is mounted (v1)."""
+    if (root / "cgroup.controllers").exists():
+        raise RuntimeUnavailable("cgroup v2 (unified) hosts are not supported yet; need cgroup v1")
+    for controller, files in REQUIRED_FILES.items():
+        missing = [f for f in files if not (root / controller / f).exists()]
+        if missing:
+            raise RuntimeUnavailable(
+                f"cgroup v1 controller {controller!r} is not usable (missing {', '.join(missing)})"
+            )
+
+
+class SandboxCgroup:
+    """The cgroup `<parent>/<name>` in every controller of CONTROLLERS."""
+
+    def __init__(self, relpath: str, root: Path = CGROUP_ROOT) -> None:
+        self.relpath = relpath
+        self.root = root
+
+    def dir(self, controller: str) -> Path:
+        return self.root / controller / self.relpath
+
+    def create(self, limits: CgroupLimits) -> None:
+        """Make the cgroup and apply `limits`; on any failure remove it and fail closed."""
+        try:
+            for controller in CONTROLLERS:
+                self.dir(controller).mkdir(parents=True, exist_ok=True)
+            self._apply(limits)
+        except OSError as exc:
+            self.remove()
+            raise RuntimeUnavailable(f"cannot set up cgroup {self.relpath}: {exc}") from exc
+
+    def _apply(self, limits: CgroupLimits) -> None:
+        self._write("memory", "memory.limit_in_bytes", limits.memory_bytes)
+        # With swap accounting, also cap memory+swap: otherwise the limit leaks into swap.
+        if (self.dir("memory") / "memory.memsw.limit_in_bytes").exists():
+            self._write("memory", "memory.memsw.limit_in_bytes", limits.memory_bytes)
+        quota = max(1000, int(limits.cpus * CPU_PERIOD_US))
+        self._write("cpu", "cpu.cfs_period_us", CPU_PERIOD_US)
+        self._write("cpu", "cpu.cfs_quota_us", quota)
+        self._write("pids", "pids.max", limits.pids_max)
+
+    def procs_files(self) -> list[Path]:
+        return [self.dir(c) / "cgroup.procs" for c in CONTROLLERS]
+
+    def pids(self) -> set[int]:
+        """Every host process in the cgroup, in any controller."""
+        found: set[int] = set()
+        for path in self.procs_files():
+            found.update(int(p) for p in _read(path).split())
+        return found
+
+    def process_count(self) -> int:
+        return len(_read(self.dir("pids") / "cgroup.procs").split())
+
+    def oom_kills(self) -> int:
+        return _keyed(_read(self.dir("memory") / "memory.oom_control")).get("oom_kill", 0)
+
+    def pids_limit_hits(self) -> int:
+        return _keyed(_read(self.dir("pids") / "pids.events")).get("max", 0)
+
+    def usage(self) -> dict[str, float]:
+        usage: dict[str, float] = {}
+        peak = _read(self.dir("memory") / "memory.max_usage_in_bytes").strip()
+        cpu_ns = _read(self.dir("cpuacct") / "cpuacct.usage").strip()
+        if peak.isdigit():
+            usage["max_memory_bytes"] = float(peak)
+        if cpu_ns.isdigit():
+            usage["cpu_s"] = int(cpu_ns) / 1e9
+        return usage
+
+    def kill_all(self, timeout_s: float = 5.0) -> bool:
+        """SIGKILL every process in the cgroup until none is left; True if it emptied."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            pids = self.pids()
+            if not pids:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            for pid in pids:
+                _kill_member(pid, f":pids:/{self.relpath}\n")
+            time.sleep(0.01)
+
+    def remove(self, timeout_s: float = 2.0) -> bool:
+        """rmdir the cgroup in every controller; True once none of them exists."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = [c for c in CONTROLLERS if self._rmdir(self.dir(c))]
+            if not left or time.monotonic() > deadline:
+                return not left
+            time.sleep(0.02)  # exiting tasks take a moment to leave the css
+
+    def exists(self) -> bool:
+        return any(self.dir(c).exists() for c in CONTROLLERS)
+
+    @staticmethod
+    def _rmdir(path: Path) -> bool:
+        """Try to remove `path`; True if it is still there."""
+        try:
+            path.rmdir()
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.EBUSY, errno.ENOTEMPTY):
+                return True
+            raise
+        return False
+
+    def _write(self, controller: str, name: str, value: int) -> None:
+        (self.dir(controller) / name).write_text(str(value))
+
+
+def children(parent: str, root: Path = CGROUP_ROOT) -> set[str]:
+    """Names of the cgroups directly under `parent` in any controller (for reaping)."""
+    names: set[str] = set()
+    for controller in CONTROLLERS:
+        base = root / controller / parent
+        if base.is_dir():
+            names.update(p.name for p in base.iterdir() if p.is_dir())
+    return names
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:  # a cgroup being removed under us
+            return ""
+        raise
+
+
+def _keyed(text: str) -> dict[str, int]:
+    """Parse "key value" lines (memory.oom_control, pids.events)."""
+    values: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if value.strip().isdigit():
+            values[key] = int(value)
+    return values
+
+
+def _kill_member(pid: int, membership: str) -> None:
+    """SIGKILL `pid` only if it is still the process in our cgroup (pids get reused)."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        # The pidfd pins one process: if `pid` was reused before it was opened, the new
+        # owner is not in our cgroup and is left alone.
+        if membership in _read(Path(f"/proc/{pid}/cgroup")):
+            signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    finally:
+        os.close(pidfd)
