@@ -42,6 +42,7 @@ def create_app(
         checks = {
             "store": _ok(services.store.ping),
             "image": _ok(lambda: services.images.get(services.default_image)),
+            "runtime": _ok(lambda: _a_live_worker(services)),
         }
         ready = all(checks.values())
         return JSONResponse({"ready": ready, "checks": checks}, 200 if ready else 503)
