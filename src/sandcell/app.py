@@ -97,6 +97,7 @@ def build_worker(settings: Settings) -> Worker:
         heartbeat_s=settings.heartbeat_s,
         poll_s=settings.poll_s,
         idempotency_ttl_s=settings.idempotency_ttl_s,
+        max_limits=settings.max_limits,
     )
     blobs = FilesystemBlobStore(settings.data_dir / "blobs")
     return Worker(store, blobs, runtime, FilesystemImageCatalog(settings.image_dir), config)

@@ -3,6 +3,7 @@
 import hashlib
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -162,3 +163,16 @@ def test_logs_stream_as_server_sent_events_and_end_with_the_state(api: Api) -> N
     assert '"state": "completed"' in events[-1][-1]
     logs = api.http.get(f"/v1/jobs/{job['id']}/logs", headers=alice).json()
     assert logs["stdout"] == "out\x1b[31m\n\ufffd\ufffd"  # escapes stay data; bad bytes replaced
+
+
+def test_the_worker_rechecks_limits_so_a_compromised_api_cannot_widen_them(api: Api) -> None:
+    alice = api.tenant("alice")
+    job = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice).json()
+    claimed = api.services.store.claim_next("wrk_test", time.time(), 5)
+    assert claimed is not None and claimed.id == job["id"]
+    forged = replace(claimed.spec, limits=replace(claimed.spec.limits, memory_mb=10**6))
+    claimed.spec = forged  # as if a compromised API had written it
+    _worker(api).run_job(claimed)
+    record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()
+    assert (record["state"], record["reason"]) == ("failed", "policy_denied")
+    assert "memory_mb" in record["detail"]

@@ -9,11 +9,12 @@ import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from sandcell.domain.errors import ImageUnavailable, SandcellError, StaleLease
 from sandcell.domain.ids import new_id
+from sandcell.domain.limits import Limits, out_of_range
 from sandcell.domain.paths import safe_relative_path
 from sandcell.domain.records import Artifact, Job, WorkerInfo
 from sandcell.domain.states import JobState, Reason
@@ -44,6 +45,7 @@ class WorkerConfig:
     heartbeat_s: float = 2.0
     poll_s: float = 0.05
     idempotency_ttl_s: float = 48 * 3600
+    max_limits: Limits = field(default_factory=Limits)
 
 
 class JobSink:
@@ -179,6 +181,10 @@ class Worker:
 
     def run_job(self, job: Job) -> None:
         token = job.fencing_token
+        refusal = self._policy_refusal(job)
+        if refusal:
+            self._finish(job, token, None, SandboxResult(None, Reason.POLICY_DENIED, refusal))
+            return
         try:
             image = self.images.get(job.spec.image)
         except ImageUnavailable as exc:
@@ -207,6 +213,16 @@ class Worker:
             beat.join()
         sink.flush()
         self._finish(job, token, sink, result)
+
+    def _policy_refusal(self, job: Job) -> str:
+        """The worker's own bounds, re-checked: a compromised API cannot widen them."""
+        problems = out_of_range(job.spec.limits.as_dict(), self.config.max_limits)
+        reserved = [name for name in job.spec.env if name.upper().startswith("SANDCELL_")]
+        if job.spec.network.get("allow"):
+            problems["network"] = "this worker has no egress proxy"
+        if reserved:
+            problems["env"] = f"reserved names {reserved}"
+        return "; ".join(f"{name} {msg}" for name, msg in problems.items())
 
     def _run_sandbox(
         self, spec: SandboxSpec, sink: JobSink, cancel: threading.Event
