@@ -26,6 +26,7 @@ from sandcell.domain.records import (
     WorkerInfo,
 )
 from sandcell.domain.states import JobState, Reason
+from sandcell.store.migrate import migrate
 from sandcell.store.schema import (
     api_keys,
     artifacts,
@@ -33,7 +34,6 @@ from sandcell.store.schema import (
     idempotency_keys,
     job_logs,
     jobs,
-    metadata,
     tenants,
     workers,
 )
@@ -124,7 +124,7 @@ class SqlStore:
         self.engine = engine
 
     def create_schema(self) -> None:
-        metadata.create_all(self.engine)
+        migrate(self.engine)
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
