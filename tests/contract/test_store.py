@@ -140,3 +140,25 @@ def test_other_tenants_see_nothing(store: SqlStore) -> None:
     assert store.request_cancel(bob.id, job.id, time.time()) is None
     assert store.retire_job(bob.id, job.id, time.time()) is None
     assert store.list_jobs(bob.id, None, None, 10) == []
+
+
+def test_a_lost_job_with_attempts_left_is_requeued_and_listed(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    spec = JobSpec("python", "print(1)", None, [], Limits(), {}, retry={"max_attempts": 2})
+    store.add_job(Job(new_id("job"), tenant.id, JobState.ACCEPTED, spec, time.time(), None), None)
+    first = store.claim_next("w1", time.time(), lease_s=0.01)
+    assert first is not None
+    time.sleep(0.05)
+    store.fail_lost_jobs(time.time())
+    again = store.claim_next("w2", time.time(), lease_s=0.01)
+    assert again is not None and again.id == first.id
+    assert again.fencing_token > first.fencing_token + 1
+    assert [a["worker_id"] for a in again.attempts] == ["w1"]
+    time.sleep(0.05)
+    store.fail_lost_jobs(time.time())
+    final = store.get_job(None, first.id)
+    assert final is not None and (final.state, final.reason) == (
+        JobState.FAILED,
+        Reason.WORKER_LOST,
+    )
+    assert [a["worker_id"] for a in final.attempts] == ["w1", "w2"]

@@ -119,6 +119,33 @@ def _artifact_from_row(row: Any) -> Artifact:
     return Artifact(**dict(row._mapping))
 
 
+def _after_lost_worker(job: Job, now: float) -> dict[str, Any]:
+    attempt = {
+        "number": job.fencing_token,
+        "worker_id": job.worker_id,
+        "claimed_at": job.claimed_at,
+        "started_at": job.started_at,
+        "finished_at": now,
+        "state": JobState.FAILED.value,
+        "reason": Reason.WORKER_LOST.value,
+    }
+    attempts = [*job.attempts, attempt]
+    values: dict[str, Any] = {"attempts": attempts, "fencing_token": job.fencing_token + 1}
+    if len(attempts) < int(job.spec.retry.get("max_attempts", 1)):
+        return values | {
+            "state": JobState.ACCEPTED.value,
+            "worker_id": None,
+            "lease_expires_at": None,
+            "started_at": None,
+        }
+    return values | {
+        "state": JobState.FAILED.value,
+        "reason": Reason.WORKER_LOST.value,
+        "detail": "the worker running this job stopped renewing its lease",
+        "finished_at": now,
+    }
+
+
 class SqlStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -416,21 +443,17 @@ class SqlStore:
             raise StaleLease()
 
     def fail_lost_jobs(self, now: float) -> list[str]:
+        """Settle jobs whose lease ran out: re-queue those with attempts left, fail the rest."""
         lost = and_(jobs.c.state == JobState.RUNNING.value, jobs.c.lease_expires_at < now)
         with self._tx() as conn:
-            ids = list(conn.execute(select(jobs.c.id).where(lost)).scalars())
-            conn.execute(
-                update(jobs)
-                .where(lost)
-                .values(
-                    state=JobState.FAILED.value,
-                    reason=Reason.WORKER_LOST.value,
-                    detail="the worker running this job stopped renewing its lease",
-                    finished_at=now,
-                    fencing_token=jobs.c.fencing_token + 1,
+            rows = conn.execute(select(jobs).where(lost).with_for_update(skip_locked=True)).all()
+            for row in rows:
+                conn.execute(
+                    update(jobs)
+                    .where(jobs.c.id == row.id, jobs.c.fencing_token == row.fencing_token)
+                    .values(**_after_lost_worker(_job_from_row(row), now))
                 )
-            )
-        return ids
+        return [row.id for row in rows]
 
     def fail_job(self, job_id: str, reason: Reason, detail: str, at: float) -> None:
         with self._tx() as conn:
