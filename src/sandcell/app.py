@@ -98,6 +98,7 @@ def build_worker(settings: Settings) -> Worker:
         poll_s=settings.poll_s,
         idempotency_ttl_s=settings.idempotency_ttl_s,
         max_limits=settings.max_limits,
+        drain_s=settings.drain_s,
     )
     blobs = FilesystemBlobStore(settings.data_dir / "blobs")
     return Worker(store, blobs, runtime, FilesystemImageCatalog(settings.image_dir), config)

@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     lease_s: float = 15.0
     heartbeat_s: float = 2.0
     poll_s: float = 0.05
+    drain_s: float = 30.0  # graceful stop: how long running jobs may take to finish
 
     @property
     def sqlite_path(self) -> Path:

@@ -176,3 +176,29 @@ def test_the_worker_rechecks_limits_so_a_compromised_api_cannot_widen_them(api: 
     record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()
     assert (record["state"], record["reason"]) == ("failed", "policy_denied")
     assert "memory_mb" in record["detail"]
+
+
+@pytest.mark.parametrize(("retry", "state"), [(None, "failed"), ({"max_attempts": 2}, "accepted")])
+def test_graceful_stop_gives_running_jobs_a_deadline_then_settles_them(
+    api: Api, retry: dict | None, state: str
+) -> None:
+    alice = api.tenant("alice")
+    body = {"code": "import time; time.sleep(30)"} | ({"retry": retry} if retry else {})
+    job = api.http.post("/v1/jobs", json=body, headers=alice).json()
+    config = WorkerConfig("wrk_stop", slots=1, lease_s=5, heartbeat_s=0.1, poll_s=0.01, drain_s=0.3)
+    worker = Worker(api.services.store, api.blobs, HostProcessRuntime(), FakeImages(), config)
+    stop = threading.Event()
+    serving = threading.Thread(target=worker.serve, args=(stop,))
+    serving.start()
+    deadline = time.monotonic() + 10
+    while api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()["state"] != "running":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    stop.set()
+    serving.join(15)
+    assert not serving.is_alive()
+    record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()
+    assert record["state"] == state
+    assert record["attempts"][-1]["reason"] == "worker_lost"
+    if state == "failed":
+        assert record["reason"] == "worker_lost" and "stopped" in record["detail"]

@@ -60,6 +60,9 @@ class Store(Protocol):
     def fail_lost_jobs(self, now: float) -> list[str]:
         """Jobs whose lease expired become failed/worker_lost; return their ids."""
 
+    def release_job(self, job_id: str, token: int, now: float) -> None:
+        """The owner gives the job up: re-queue it if it has attempts left, else worker_lost."""
+
     def fail_job(self, job_id: str, reason: Reason, detail: str, at: float) -> None: ...
 
     # logs and artifacts, seen by the API

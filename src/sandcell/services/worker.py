@@ -45,6 +45,7 @@ class WorkerConfig:
     heartbeat_s: float = 2.0
     poll_s: float = 0.05
     idempotency_ttl_s: float = 48 * 3600
+    drain_s: float = 30.0
     max_limits: Limits = field(default_factory=Limits)
 
 
@@ -114,6 +115,8 @@ class Worker:
         self.config = config
         self._running = 0
         self._lock = threading.Lock()
+        self._cancels: dict[str, threading.Event] = {}
+        self._shutdown = threading.Event()
 
     def serve(self, stop: threading.Event) -> None:
         """Claim and run jobs until `stop` is set; then let running jobs finish."""
@@ -145,6 +148,21 @@ class Worker:
                     stop.wait(self.config.poll_s)
                     continue
                 pool.submit(self._run_guarded, job)
+            self._drain()
+
+    def _drain(self) -> None:
+        """Graceful stop: running jobs get `drain_s` to finish, then their sandboxes are stopped."""
+        deadline = time.monotonic() + self.config.drain_s
+        while not self._free_all() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self._shutdown.set()
+        with self._lock:
+            for cancel in self._cancels.values():
+                cancel.set()
+
+    def _free_all(self) -> bool:
+        with self._lock:
+            return self._running == 0
 
     def _free_slot(self) -> bool:
         with self._lock:
@@ -204,6 +222,8 @@ class Worker:
         )
         sink = JobSink(self.store, self.blobs, job, token)
         cancel = threading.Event()
+        with self._lock:
+            self._cancels[job.id] = cancel
         beat = threading.Thread(target=self._heartbeat, args=(job, token, cancel), daemon=True)
         beat.start()
         try:
@@ -211,8 +231,18 @@ class Worker:
         finally:
             cancel.set()
             beat.join()
+            with self._lock:
+                self._cancels.pop(job.id, None)
         sink.flush()
+        if result.reason is Reason.CANCELLED and self._stopped_by_shutdown(job):
+            # Not the caller's cancel: the job is settled as if its worker were lost, so a
+            # job with attempts left runs again elsewhere.
+            self.store.release_job(job.id, token, time.time())
+            return
         self._finish(job, token, sink, result)
+
+    def _stopped_by_shutdown(self, job: Job) -> bool:
+        return self._shutdown.is_set() and not self.store.cancel_requested(job.id)
 
     def _policy_refusal(self, job: Job) -> str:
         """The worker's own bounds, re-checked: a compromised API cannot widen them."""

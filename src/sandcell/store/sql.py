@@ -455,6 +455,16 @@ class SqlStore:
                 )
         return [row.id for row in rows]
 
+    def release_job(self, job_id: str, token: int, now: float) -> None:
+        """The owner gives a running job up (shutting down): settle it like a lost one."""
+        with self._tx() as conn:
+            row = conn.execute(select(jobs).where(self._owned(job_id, token))).first()
+            if row is None:
+                raise StaleLease()
+            values = _after_lost_worker(_job_from_row(row), now)
+            values["detail"] = "the worker stopped before the job finished"
+            conn.execute(update(jobs).where(self._owned(job_id, token)).values(**values))
+
     def fail_job(self, job_id: str, reason: Reason, detail: str, at: float) -> None:
         with self._tx() as conn:
             conn.execute(
