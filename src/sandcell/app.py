@@ -57,6 +57,7 @@ def build_services(settings: Settings) -> Services:
         default_limits=settings.default_limits,
         max_limits=settings.max_limits,
         idempotency_ttl_s=settings.idempotency_ttl_s,
+        quotas=settings.quotas,
     )
     return Services(
         store=store,

@@ -6,6 +6,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandcell.domain.limits import Limits
+from sandcell.domain.quotas import Quotas
 
 
 class Settings(BaseSettings):
@@ -34,6 +35,12 @@ class Settings(BaseSettings):
     max_pids: int = 1024
     max_disk_mb: int = 10240
     max_output_mb: float = 100.0
+
+    quota_concurrent_jobs: int = 16
+    quota_sessions: int = 4
+    quota_storage_mb: int = 10240
+    quota_jobs_per_minute: float = 600.0
+    quota_burst: int = 60
 
     max_body_bytes: int = 2 * 1024 * 1024
     max_json_depth: int = 32
@@ -64,6 +71,16 @@ class Settings(BaseSettings):
             pids=self.default_pids,
             disk_mb=self.default_disk_mb,
             output_mb=self.default_output_mb,
+        )
+
+    @property
+    def quotas(self) -> Quotas:
+        return Quotas(
+            concurrent_jobs=self.quota_concurrent_jobs,
+            sessions=self.quota_sessions,
+            storage_mb=self.quota_storage_mb,
+            jobs_per_minute=self.quota_jobs_per_minute,
+            burst=self.quota_burst,
         )
 
     @property

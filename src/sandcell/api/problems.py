@@ -19,6 +19,7 @@ PROBLEM_TYPES: list[tuple[type[e.SandcellError], int, str]] = [
     (e.Forbidden, 403, "forbidden"),
     (e.PayloadTooLarge, 413, "payload-too-large"),
     (e.Conflict, 409, "conflict"),
+    (e.QuotaExceeded, 429, "quota-exceeded"),
     (e.ImageUnavailable, 422, "image-unavailable"),
     (e.RuntimeUnavailable, 503, "runtime-unavailable"),
     (e.StaleLease, 409, "stale-lease"),
@@ -47,7 +48,12 @@ def _domain_error(_: Request, exc: Exception) -> JSONResponse:
             title = (cls.__doc__ or slug).strip().splitlines()[0]
             fields = getattr(exc, "errors", None)
             listed = [{"field": f.field, "message": f.message} for f in fields or []]
-            return problem(status, slug, title, exc.detail, listed if fields is not None else None)
+            response = problem(
+                status, slug, title, exc.detail, listed if fields is not None else None
+            )
+            if isinstance(exc, e.QuotaExceeded):
+                response.headers["Retry-After"] = str(exc.retry_after_s)
+            return response
     return problem(500, "internal", "Internal error", "an internal error occurred")
 
 

@@ -59,7 +59,8 @@ def _idempotency_key(value: str | None) -> str | None:
 
 @router.post("/files", status_code=201, response_model=FileOut, tags=["files"])
 def upload_file(svc: Svc, who: Caller, file: Annotated[UploadFile, File()]) -> FileOut:
-    return file_out(svc.files.upload(who, file.filename or "", file.file))
+    quota_bytes = svc.jobs.quotas(who).storage_mb * 2**20
+    return file_out(svc.files.upload(who, file.filename or "", file.file, quota_bytes))
 
 
 @router.get("/files/{file_id}", response_model=FileOut, tags=["files"])

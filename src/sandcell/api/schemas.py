@@ -157,9 +157,18 @@ class SignedUrlOut(BaseModel):
     expires_at: str
 
 
+class QuotasIn(Strict):
+    concurrent_jobs: int | None = Field(None, ge=0, le=100_000)
+    sessions: int | None = Field(None, ge=0, le=10_000)
+    storage_mb: int | None = Field(None, ge=0, le=10**9)
+    jobs_per_minute: float | None = Field(None, gt=0, le=10**6)
+    burst: int | None = Field(None, ge=1, le=10**6)
+
+
 class TenantIn(Strict):
     name: str = Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9 ._-]*$")
     limits: LimitsIn = Field(default_factory=LimitsIn)
+    quotas: QuotasIn = Field(default_factory=QuotasIn)
     images: list[str] | None = Field(None, max_length=64)
 
 
@@ -176,3 +185,18 @@ class KeyOut(BaseModel):
     id: str
     key: str
     tenant_id: str | None
+
+
+class AuditEventOut(BaseModel):
+    id: str
+    at: str
+    tenant_id: str | None
+    actor: str | None
+    action: str
+    target: str | None
+    outcome: str
+    detail: dict[str, Any]
+
+
+class AuditPage(BaseModel):
+    items: list[AuditEventOut]

@@ -8,6 +8,7 @@ SandcellError
 │   └── IdempotencyMismatch  same Idempotency-Key, different body
 ├── PayloadTooLarge        a body or file over its size limit
 ├── Conflict               valid, but not in the object's current state
+├── QuotaExceeded          a tenant quota or rate limit; carries retry_after_s
 ├── ImageUnavailable       an image that is not built or whose digest no longer matches
 ├── RuntimeUnavailable     the isolation runtime cannot be applied: fail closed
 └── StaleLease             a worker wrote with a fencing token that is no longer current
@@ -60,6 +61,14 @@ class PayloadTooLarge(SandcellError):
 
 class Conflict(SandcellError):
     """The request conflicts with the current state of the resource."""
+
+
+class QuotaExceeded(SandcellError):
+    """A quota or rate limit of this tenant was reached."""
+
+    def __init__(self, detail: str | None = None, retry_after_s: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after_s = retry_after_s
 
 
 class ImageUnavailable(SandcellError):

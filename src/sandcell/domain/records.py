@@ -14,6 +14,7 @@ class Tenant:
     limits: dict[str, Any]  # per-tenant maxima, overriding the configured ones
     images: list[str] | None  # None: every built image
     created_at: float
+    quotas: dict[str, Any] = field(default_factory=dict)  # overrides of the configured quotas
 
 
 @dataclass(frozen=True)
@@ -110,3 +111,15 @@ class WorkerInfo:
     runtime: str
     runtime_version: str
     started_at: float
+
+
+@dataclass(frozen=True)
+class AuditEvent:
+    id: str
+    at: float
+    tenant_id: str | None
+    actor: str | None  # the API key id, "env-admin", or None when no key was recognised
+    action: str  # e.g. "tenant.create", "key.revoke", "auth.failure", "job.cancel"
+    target: str | None
+    outcome: str  # "ok" | "denied"
+    detail: dict[str, Any] = field(default_factory=dict)

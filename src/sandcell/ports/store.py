@@ -2,9 +2,11 @@
 
 from typing import Protocol
 
+from sandcell.domain.quotas import Admission
 from sandcell.domain.records import (
     ApiKey,
     Artifact,
+    AuditEvent,
     Job,
     LogChunk,
     StoredFile,
@@ -28,10 +30,13 @@ class Store(Protocol):
     def delete_file(self, tenant_id: str, file_id: str) -> bool: ...
 
     # jobs, seen by the API
-    def add_job(self, job: Job, idempotency: tuple[str, str] | None) -> Job:
+    def add_job(
+        self, job: Job, idempotency: tuple[str, str] | None, admission: Admission | None = None
+    ) -> Job:
         """Insert `job`; with (key, body_sha256), return the job already under that key instead.
 
-        Raises IdempotencyMismatch when the key exists with another body hash.
+        Raises IdempotencyMismatch when the key exists with another body hash, and
+        QuotaExceeded when `admission`'s quotas or rate limit refuse a new job.
         """
 
     def get_job(self, tenant_id: str | None, job_id: str) -> Job | None: ...
@@ -78,4 +83,12 @@ class Store(Protocol):
     def worker_seen(self, worker: WorkerInfo, at: float) -> None: ...
     def worker_stopped(self, worker_id: str, at: float) -> None: ...
     def live_workers(self, seen_since: float) -> list[WorkerInfo]: ...
+    def storage_bytes(self, tenant_id: str) -> int: ...
+
+    # audit
+    def audit(self, event: AuditEvent) -> None: ...
+    def audit_events(
+        self, tenant_id: str | None, action: str | None, before: float | None, limit: int
+    ) -> list[AuditEvent]: ...
+
     def ping(self) -> None: ...

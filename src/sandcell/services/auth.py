@@ -15,6 +15,7 @@ from sandcell.domain.errors import Forbidden, InvalidRequest, NotFound, Unauthor
 from sandcell.domain.ids import new_id
 from sandcell.domain.records import ApiKey, Tenant
 from sandcell.ports.store import Store
+from sandcell.services.audit import AuditLog
 
 TENANT_SCOPES = frozenset({"jobs", "files", "sessions"})
 
@@ -47,16 +48,25 @@ def _hash(secret: str) -> str:
 class AuthService:
     def __init__(self, store: Store, admin_key: str = "") -> None:
         self.store = store
+        self.audit = AuditLog(store)
         self._admin_key_hash = _hash(admin_key) if admin_key else None
 
     def create_tenant(
-        self, name: str, limits: dict[str, Any] | None = None, images: list[str] | None = None
+        self,
+        name: str,
+        limits: dict[str, Any] | None = None,
+        images: list[str] | None = None,
+        quotas: dict[str, Any] | None = None,
+        actor: str | None = None,
     ) -> Tenant:
-        tenant = Tenant(new_id("ten"), name, limits or {}, images, time.time())
+        tenant = Tenant(new_id("ten"), name, limits or {}, images, time.time(), quotas or {})
         self.store.add_tenant(tenant)
+        self.audit.record("tenant.create", actor=actor, tenant_id=tenant.id, name=name)
         return tenant
 
-    def create_key(self, tenant_id: str | None, scopes: list[str] | None = None) -> str:
+    def create_key(
+        self, tenant_id: str | None, scopes: list[str] | None = None, actor: str | None = None
+    ) -> str:
         """Make a key and return it in full; it is never shown again."""
         if tenant_id is not None and self.store.get_tenant(tenant_id) is None:
             raise NotFound("no such tenant")
@@ -66,11 +76,15 @@ class AuthService:
             raise InvalidRequest(f"unknown or misplaced scopes: {sorted(unknown) or ['admin']}")
         key_id, secret = secrets.token_hex(8), secrets.token_urlsafe(32)
         self.store.add_api_key(ApiKey(key_id, tenant_id, chosen, time.time()), _hash(secret))
+        self.audit.record(
+            "key.create", actor=actor, tenant_id=tenant_id, target=key_id, scopes=chosen
+        )
         return f"sc_{key_id}_{secret}"
 
-    def revoke_key(self, key_id: str) -> None:
+    def revoke_key(self, key_id: str, actor: str | None = None) -> None:
         if not self.store.revoke_api_key(key_id, time.time()):
             raise NotFound("no such active key")
+        self.audit.record("key.revoke", actor=actor, target=key_id)
 
     def authenticate(self, authorization: str | None) -> Principal:
         if not authorization or not authorization.startswith("Bearer "):
@@ -78,7 +92,14 @@ class AuthService:
         token = authorization.removeprefix("Bearer ").strip()
         if self._admin_key_hash and hmac.compare_digest(_hash(token), self._admin_key_hash):
             return Principal("env-admin", None, frozenset({"admin"}))
-        return self._stored_key(token)
+        try:
+            return self._stored_key(token)
+        except Unauthorized as exc:
+            # The key id (public) names who tried; the secret part is never recorded.
+            parts = token.split("_", 2)
+            key_id = parts[1][:32] if len(parts) == 3 and parts[0] == "sc" else None
+            self.audit.record("auth.failure", actor=key_id, outcome="denied", why=exc.detail)
+            raise
 
     def _stored_key(self, token: str) -> Principal:
         parts = token.split("_", 2)

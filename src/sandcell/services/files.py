@@ -5,7 +5,13 @@ import hmac
 import time
 from typing import BinaryIO
 
-from sandcell.domain.errors import FieldError, InvalidRequest, NotFound, Unauthorized
+from sandcell.domain.errors import (
+    FieldError,
+    InvalidRequest,
+    NotFound,
+    QuotaExceeded,
+    Unauthorized,
+)
 from sandcell.domain.ids import new_id
 from sandcell.domain.records import Artifact, StoredFile
 from sandcell.ports.artifacts import BlobStore
@@ -34,9 +40,14 @@ class FileService:
         self.signing_key = signing_key
         self.max_file_bytes = max_file_bytes
 
-    def upload(self, who: Principal, name: str, content: BinaryIO) -> StoredFile:
+    def upload(
+        self, who: Principal, name: str, content: BinaryIO, quota_bytes: int | None = None
+    ) -> StoredFile:
         who.require("files")
         tenant_id = who.tenant()
+        check_file_name(name)
+        if quota_bytes is not None and self.store.storage_bytes(tenant_id) >= quota_bytes:
+            raise QuotaExceeded("storage quota used up: delete files or retire jobs", 60)
         sha256, size = self.blobs.put(content, self.max_file_bytes)
         stored = StoredFile(
             new_id("file"), tenant_id, check_file_name(name), size, sha256, time.time()

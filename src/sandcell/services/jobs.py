@@ -16,11 +16,13 @@ from sandcell.domain.errors import (
 )
 from sandcell.domain.ids import new_id
 from sandcell.domain.limits import Limits, out_of_range
+from sandcell.domain.quotas import Admission, Quotas
 from sandcell.domain.records import InputRef, Job, JobSpec, LogChunk, Tenant
 from sandcell.domain.states import JobState
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.images import ImageCatalog
 from sandcell.ports.store import Store
+from sandcell.services.audit import AuditLog
 from sandcell.services.auth import Principal
 
 
@@ -46,6 +48,10 @@ class JobPolicy:
     default_limits: Limits
     max_limits: Limits
     idempotency_ttl_s: float
+    quotas: Quotas = field(default_factory=Quotas)
+
+    def quotas_for(self, tenant: Tenant) -> Quotas:
+        return replace(self.quotas, **tenant.quotas)
 
 
 def body_fingerprint(body: Any) -> str:
@@ -74,6 +80,7 @@ class JobService:
         self.blobs = blobs
         self.images = images
         self.policy = policy
+        self.audit = AuditLog(store)
 
     # submit
 
@@ -93,8 +100,12 @@ class JobService:
             accepted_at=now,
             expires_at=now + sub.expires_in_s if sub.expires_in_s else None,
         )
-        stored = self.store.add_job(job, idempotency)
+        admission = Admission(self.policy.quotas_for(tenant), now)
+        stored = self.store.add_job(job, idempotency, admission)
         return stored, stored.id == job.id
+
+    def quotas(self, who: Principal) -> Quotas:
+        return self.policy.quotas_for(self._tenant(who))
 
     def _tenant(self, who: Principal) -> Tenant:
         tenant = self.store.get_tenant(who.tenant())
@@ -191,6 +202,7 @@ class JobService:
         job = self.store.request_cancel(who.tenant(), job_id, time.time())
         if job is None:
             raise NotFound("no such job")
+        self.audit.record("job.cancel", actor=who.key_id, tenant_id=job.tenant_id, target=job.id)
         return job
 
     def retire(self, who: Principal, job_id: str) -> dict[str, Any]:
@@ -205,7 +217,16 @@ class JobService:
         for sha in {a.sha256 for a in removed}:
             if not self.store.sha256_in_use(sha):
                 self.blobs.delete(sha)
-        return deletion_report(job, removed, log_bytes)
+        report = deletion_report(job, removed, log_bytes)
+        self.audit.record(
+            "job.retire",
+            actor=who.key_id,
+            tenant_id=job.tenant_id,
+            target=job.id,
+            artifacts=len(removed),
+            log_bytes=log_bytes,
+        )
+        return report
 
 
 def deletion_report(job: Job, removed: list[Any], log_bytes: int) -> dict[str, Any]:

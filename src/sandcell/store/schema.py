@@ -24,6 +24,7 @@ tenants = Table(
     Column("limits", JSON, nullable=False),
     Column("images", JSON),
     Column("created_at", Float, nullable=False),
+    Column("quotas", JSON),
 )
 
 api_keys = Table(
@@ -120,4 +121,27 @@ workers = Table(
     Column("started_at", Float, nullable=False),
     Column("seen_at", Float, nullable=False),
     Column("stopped_at", Float),
+)
+
+rate_buckets = Table(
+    "rate_buckets",
+    metadata,
+    Column("tenant_id", String(64), primary_key=True),
+    Column("bucket", String(32), primary_key=True),
+    Column("tokens", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+)
+
+audit_events = Table(
+    "audit_events",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("at", Float, nullable=False),
+    Column("tenant_id", String(64)),
+    Column("actor", String(64)),
+    Column("action", String(64), nullable=False),
+    Column("target", String(128)),
+    Column("outcome", String(16), nullable=False),
+    Column("detail", JSON, nullable=False),
+    Index("audit_by_time", "at", "id"),
 )

@@ -4,6 +4,7 @@ Writers that race (idempotent submission, claiming) rely on the database: a prim
 (tenant, idempotency key), and a conditional UPDATE that only one claimer can win.
 """
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -12,11 +13,13 @@ from typing import Any
 from sqlalchemy import Connection, Engine, and_, delete, event, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from sandcell.domain.errors import Conflict, IdempotencyMismatch, StaleLease
+from sandcell.domain.errors import Conflict, IdempotencyMismatch, QuotaExceeded, StaleLease
 from sandcell.domain.limits import Limits
+from sandcell.domain.quotas import Admission
 from sandcell.domain.records import (
     ApiKey,
     Artifact,
+    AuditEvent,
     InputRef,
     Job,
     JobSpec,
@@ -30,10 +33,12 @@ from sandcell.store.migrate import migrate
 from sandcell.store.schema import (
     api_keys,
     artifacts,
+    audit_events,
     files,
     idempotency_keys,
     job_logs,
     jobs,
+    rate_buckets,
     tenants,
     workers,
 )
@@ -115,6 +120,12 @@ def _job_values(job: Job) -> dict[str, Any]:
     return values
 
 
+def _tenant_from_row(row: Any) -> Tenant:
+    values = dict(row._mapping)
+    values["quotas"] = values.get("quotas") or {}
+    return Tenant(**values)
+
+
 def _artifact_from_row(row: Any) -> Artifact:
     return Artifact(**dict(row._mapping))
 
@@ -144,6 +155,55 @@ def _after_lost_worker(job: Job, now: float) -> dict[str, Any]:
         "detail": "the worker running this job stopped renewing its lease",
         "finished_at": now,
     }
+
+
+def _admit(conn: Connection, tenant_id: str, admission: Admission) -> None:
+    """Quota and rate checks, serialised per tenant by a row lock (SQLite: the write lock)."""
+    quotas = admission.quotas
+    conn.execute(select(tenants.c.id).where(tenants.c.id == tenant_id).with_for_update())
+    active = conn.execute(
+        select(func.count())
+        .select_from(jobs)
+        .where(jobs.c.tenant_id == tenant_id, jobs.c.state.in_(ACTIVE))
+    ).scalar_one()
+    if active >= quotas.concurrent_jobs:
+        raise QuotaExceeded(f"{active} jobs are already queued or running (quota)", 1)
+    if _storage_bytes(conn, tenant_id) >= quotas.storage_mb * 2**20:
+        raise QuotaExceeded("storage quota used up: delete files or retire jobs", 60)
+    _take_token(conn, tenant_id, "jobs", quotas.jobs_per_minute, quotas.burst, admission.now)
+
+
+def _storage_bytes(conn: Connection, tenant_id: str) -> int:
+    in_files = select(func.coalesce(func.sum(files.c.size), 0)).where(
+        files.c.tenant_id == tenant_id
+    )
+    in_artifacts = select(func.coalesce(func.sum(artifacts.c.size), 0)).where(
+        artifacts.c.tenant_id == tenant_id
+    )
+    return int(conn.execute(in_files).scalar_one()) + int(conn.execute(in_artifacts).scalar_one())
+
+
+def _take_token(
+    conn: Connection, tenant_id: str, bucket: str, per_minute: float, burst: int, now: float
+) -> None:
+    """A token bucket kept in the store, so limits hold across replicas and restarts."""
+    key = and_(rate_buckets.c.tenant_id == tenant_id, rate_buckets.c.bucket == bucket)
+    row = conn.execute(select(rate_buckets).where(key).with_for_update()).first()
+    tokens = float(burst) if row is None else row.tokens
+    if row is not None:
+        tokens = min(float(burst), tokens + (now - row.updated_at) * per_minute / 60)
+    if tokens < 1:
+        raise QuotaExceeded(
+            "submission rate limit reached", math.ceil((1 - tokens) * 60 / per_minute)
+        )
+    if row is None:
+        conn.execute(
+            insert(rate_buckets).values(
+                tenant_id=tenant_id, bucket=bucket, tokens=tokens - 1, updated_at=now
+            )
+        )
+    else:
+        conn.execute(update(rate_buckets).where(key).values(tokens=tokens - 1, updated_at=now))
 
 
 class SqlStore:
@@ -177,7 +237,7 @@ class SqlStore:
     def get_tenant(self, tenant_id: str) -> Tenant | None:
         with self._read() as conn:
             row = conn.execute(select(tenants).where(tenants.c.id == tenant_id)).first()
-        return Tenant(**dict(row._mapping)) if row else None
+        return _tenant_from_row(row) if row else None
 
     def add_api_key(self, key: ApiKey, key_hash: str) -> None:
         with self._tx() as conn:
@@ -223,9 +283,15 @@ class SqlStore:
 
     # jobs, seen by the API
 
-    def add_job(self, job: Job, idempotency: tuple[str, str] | None) -> Job:
+    def add_job(
+        self, job: Job, idempotency: tuple[str, str] | None, admission: Admission | None = None
+    ) -> Job:
+        if idempotency and (replay := self._job_under_key(job.tenant_id, *idempotency)):
+            return replay  # a replay is answered before quotas: it creates nothing
         try:
             with self._tx() as conn:
+                if admission:
+                    _admit(conn, job.tenant_id, admission)
                 conn.execute(insert(jobs).values(**_job_values(job)))
                 if idempotency:
                     key, body_sha256 = idempotency
@@ -242,15 +308,19 @@ class SqlStore:
         except IntegrityError:
             if idempotency is None:
                 raise
-        return self._job_under_key(job.tenant_id, *idempotency)
+        replay = self._job_under_key(job.tenant_id, *idempotency)
+        assert replay is not None, "the key that collided must exist"
+        return replay
 
-    def _job_under_key(self, tenant_id: str, key: str, body_sha256: str) -> Job:
+    def _job_under_key(self, tenant_id: str, key: str, body_sha256: str) -> Job | None:
         with self._read() as conn:
             row = conn.execute(
                 select(idempotency_keys).where(
                     idempotency_keys.c.tenant_id == tenant_id, idempotency_keys.c.key == key
                 )
-            ).one()
+            ).first()
+            if row is None:
+                return None
             if row.body_sha256 != body_sha256:
                 raise IdempotencyMismatch()
             job_row = conn.execute(select(jobs).where(jobs.c.id == row.job_id)).one()
@@ -551,6 +621,30 @@ class SqlStore:
                 WorkerInfo(r.id, r.host, r.runtime, r.runtime_version, r.started_at)
                 for r in conn.execute(query)
             ]
+
+    def storage_bytes(self, tenant_id: str) -> int:
+        with self._read() as conn:
+            return _storage_bytes(conn, tenant_id)
+
+    # audit
+
+    def audit(self, event: AuditEvent) -> None:
+        with self._tx() as conn:
+            conn.execute(insert(audit_events).values(**asdict(event)))
+
+    def audit_events(
+        self, tenant_id: str | None, action: str | None, before: float | None, limit: int
+    ) -> list[AuditEvent]:
+        query = select(audit_events)
+        if tenant_id is not None:
+            query = query.where(audit_events.c.tenant_id == tenant_id)
+        if action is not None:
+            query = query.where(audit_events.c.action == action)
+        if before is not None:
+            query = query.where(audit_events.c.at < before)
+        query = query.order_by(audit_events.c.at.desc(), audit_events.c.id.desc()).limit(limit)
+        with self._read() as conn:
+            return [AuditEvent(**dict(row._mapping)) for row in conn.execute(query)]
 
     def ping(self) -> None:
         with self._read() as conn:
