@@ -127,7 +127,10 @@ def revoke_key(key_id: str) -> None:
 
 
 @image_app.command("build")
-def image_build(name: str = "python", force: bool = False) -> None:
+def image_build(
+    name: Annotated[str, typer.Argument(help="image to build")] = "python",
+    force: Annotated[bool, typer.Option(help="rebuild even if built")] = False,
+) -> None:
     """Build an image once into the image directory and record its digest."""
     from sandcell.runtime.images import build_image
 
