@@ -51,7 +51,7 @@ class Settings(BaseSettings):
     worker_slots: int = 2
     lease_s: float = 15.0
     heartbeat_s: float = 2.0
-    poll_s: float = 0.05
+    poll_s: float = 0.02
     drain_s: float = 30.0  # graceful stop: how long running jobs may take to finish
 
     @property

@@ -26,7 +26,7 @@ from sandcell.domain.states import JobState
 from sandcell.services.jobs import Submission, body_fingerprint
 
 router = APIRouter(prefix="/v1")
-WAIT_STEP_S = 0.1
+WAIT_STEP_S = 0.025
 MAX_WAIT_S = 60
 
 
