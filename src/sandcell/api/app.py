@@ -9,6 +9,7 @@ from prometheus_client import make_asgi_app
 from sandcell import __version__
 from sandcell.api import admin, problems, routes
 from sandcell.api.deps import Services
+from sandcell.api.requests import RequestLog
 
 WORKER_STALE_S = 10.0
 
@@ -31,6 +32,7 @@ def create_app(
         max_upload_bytes=max_upload_bytes,
         max_depth=max_depth,
     )
+    app.add_middleware(RequestLog)
     app.mount("/metrics", make_asgi_app())
 
     @app.get("/healthz", tags=["health"])

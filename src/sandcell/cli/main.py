@@ -34,11 +34,10 @@ def _settings(**overrides: Any) -> Settings:
     return Settings(**values)
 
 
-def _setup_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format='{"time":"%(asctime)s","level":"%(levelname)s","logger":"%(name)s","message":%(message)r}',
-    )
+def _setup_logging(settings: Settings) -> None:
+    from sandcell import logs
+
+    logs.configure(logging.INFO, settings.admin_key, settings.signing_key)
 
 
 @app.command()
@@ -60,6 +59,7 @@ def serve(
     from sandcell.app import build_api
 
     settings = _settings(port=port, host=host, data_dir=data_dir)
+    _setup_logging(settings)
     api = build_api(settings)  # creates the schema before the worker starts
     worker = None if no_worker else _spawn_worker(settings)
     err.print(f"sandcell {__version__} on http://{settings.host}:{settings.port}")
@@ -68,7 +68,7 @@ def serve(
         " (or set SANDCELL_ADMIN_KEY and use POST /v1/admin/tenants)."
     )
     try:
-        uvicorn.run(api, host=settings.host, port=settings.port, log_level="warning")
+        uvicorn.run(api, host=settings.host, port=settings.port, log_config=None)
     finally:
         if worker is not None:
             worker.send_signal(signal.SIGTERM)
@@ -88,8 +88,8 @@ def worker(
     """Run a worker: claim jobs and run them in sandboxes (needs root for runsc)."""
     from sandcell.app import build_worker
 
-    _setup_logging()
     settings = _settings(data_dir=data_dir, worker_slots=slots)
+    _setup_logging(settings)
     the_worker = build_worker(settings)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
