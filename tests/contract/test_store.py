@@ -162,3 +162,15 @@ def test_a_lost_job_with_attempts_left_is_requeued_and_listed(store: SqlStore) -
         Reason.WORKER_LOST,
     )
     assert [a["worker_id"] for a in final.attempts] == ["w1", "w2"]
+
+
+def test_metrics_queries_count_states_and_phases(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    store.add_job(_job(tenant), None)
+    store.add_job(_job(tenant), None)
+    job = store.claim_next("w1", time.time(), 30)
+    assert job is not None
+    assert store.job_counts() == {("accepted", ""): 1, ("running", ""): 1}
+    buckets, total, count = store.phase_histogram("queue", [0.0, 10.0, 1e9])
+    assert count == 1 and buckets[-1] == 1 and buckets[1] == 1 and total >= 0
+    assert store.phase_histogram("run", [1.0]) == ([0], 0.0, 0)

@@ -230,3 +230,15 @@ def test_readiness_needs_the_store_the_image_and_a_live_worker(api: Api) -> None
     }
     api.services.store.worker_stopped("wrk_1", time.time())
     assert api.http.get("/readyz").status_code == 503
+
+
+def test_metrics_show_jobs_by_state_and_reason_and_phase_latencies(api: Api) -> None:
+    alice = api.tenant("alice")
+    job = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice).json()
+    api.http.post(f"/v1/jobs/{job['id']}/cancel", headers=alice)
+    api.http.post("/v1/jobs", json={"code": "print(2)"}, headers=alice)
+    text = api.http.get("/metrics/").text
+    assert 'sandcell_jobs{reason="cancelled",state="cancelled"} 1.0' in text
+    assert 'sandcell_jobs{reason="",state="accepted"} 1.0' in text
+    assert "sandcell_job_run_seconds_bucket" in text and "sandcell_store_up 1.0" in text
+    assert "sandcell_submit_ack_seconds_count 2.0" in text

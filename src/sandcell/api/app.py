@@ -9,6 +9,7 @@ from prometheus_client import make_asgi_app
 from sandcell import __version__
 from sandcell.api import admin, problems, routes
 from sandcell.api.deps import Services
+from sandcell.api.metrics import registry_for
 from sandcell.api.requests import RequestLog
 
 WORKER_STALE_S = 10.0
@@ -33,7 +34,8 @@ def create_app(
         max_depth=max_depth,
     )
     app.add_middleware(RequestLog)
-    app.mount("/metrics", make_asgi_app())
+    registry, app.state.ack_histogram = registry_for(services.store)
+    app.mount("/metrics", make_asgi_app(registry))
 
     @app.get("/healthz", tags=["health"])
     def healthz() -> dict[str, str]:

@@ -85,8 +85,16 @@ def submit_job(
     svc: Svc,
     who: Caller,
     body: JobIn,
+    request: Request,
     response: Response,
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> JobOut:
+    with request.app.state.ack_histogram.time():
+        return _submit(svc, who, body, response, idempotency_key)
+
+
+def _submit(
+    svc: Svc, who: Caller, body: JobIn, response: Response, idempotency_key: str | None
 ) -> JobOut:
     key = _idempotency_key(idempotency_key)
     fingerprint = body_fingerprint(body.model_dump(mode="json"))

@@ -91,4 +91,9 @@ class Store(Protocol):
         self, tenant_id: str | None, action: str | None, before: float | None, limit: int
     ) -> list[AuditEvent]: ...
 
+    # metrics
+    def job_counts(self) -> dict[tuple[str, str], int]: ...
+    def phase_histogram(self, phase: str, bounds_s: list[float]) -> tuple[list[int], float, int]:
+        """Cumulative counts per bound, sum and count of `phase` ("queue", "start", "run")."""
+
     def ping(self) -> None: ...

@@ -10,7 +10,19 @@ from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
 
-from sqlalchemy import Connection, Engine, and_, delete, event, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    case,
+    delete,
+    event,
+    func,
+    insert,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from sandcell.domain.errors import Conflict, IdempotencyMismatch, QuotaExceeded, StaleLease
@@ -44,6 +56,11 @@ from sandcell.store.schema import (
 )
 
 ACTIVE = (JobState.ACCEPTED.value, JobState.RUNNING.value)
+PHASES = {  # how long a job spent: waiting, becoming ready, running
+    "queue": ("accepted_at", "claimed_at"),
+    "start": ("claimed_at", "started_at"),
+    "run": ("started_at", "finished_at"),
+}
 
 
 def prepare_sqlite(engine: Engine) -> None:
@@ -645,6 +662,27 @@ class SqlStore:
         query = query.order_by(audit_events.c.at.desc(), audit_events.c.id.desc()).limit(limit)
         with self._read() as conn:
             return [AuditEvent(**dict(row._mapping)) for row in conn.execute(query)]
+
+    # metrics
+
+    def job_counts(self) -> dict[tuple[str, str], int]:
+        query = select(jobs.c.state, jobs.c.reason, func.count()).group_by(
+            jobs.c.state, jobs.c.reason
+        )
+        with self._read() as conn:
+            return {(r[0], r[1] or ""): int(r[2]) for r in conn.execute(query)}
+
+    def phase_histogram(self, phase: str, bounds_s: list[float]) -> tuple[list[int], float, int]:
+        """Cumulative bucket counts, sum and count of one job phase over all jobs that had it."""
+        start, end = PHASES[phase]
+        took = jobs.c[end] - jobs.c[start]
+        had = and_(jobs.c[start].is_not(None), jobs.c[end].is_not(None))
+        columns = [func.sum(case((took <= bound, 1), else_=0)) for bound in bounds_s]
+        query = select(*columns, func.coalesce(func.sum(took), 0.0), func.count()).where(had)
+        with self._read() as conn:
+            row = conn.execute(query).one()
+        *buckets, total, count = row
+        return [int(b or 0) for b in buckets], float(total), int(count)
 
     def ping(self) -> None:
         with self._read() as conn:

@@ -1,0 +1,422 @@
+"""The gVisor runtime against real runsc and the real `python` image.
+
+Every run also asserts (in `run_code`) that nothing of the sandbox is left on the host: scratch
+dir, runsc state, cgroup, loop device, and any host process mentioning the sandbox id.
+"""
+
+import json
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sandcell.domain.images import Image
+from sandcell.domain.limits import Limits
+from sandcell.domain.states import Reason
+from sandcell.ports.runtime import InputFile, SandboxSpec
+from sandcell.runtime.gvisor import GVisorRuntime
+from sandcell.runtime.outputs import collect_outputs
+from tests.integration.conftest import (
+    GUEST_ENV,
+    RecordingSink,
+    RunCode,
+    assert_released,
+    host_processes_mentioning,
+)
+
+pytestmark = pytest.mark.gvisor
+
+
+# --- lifecycle and reasons ------------------------------------------------------------------
+
+
+def test_print_reaches_the_sink_after_ready(run_code: RunCode) -> None:
+    ran = run_code("print('hello from gvisor')")
+    assert ran.result.reason is None and ran.result.exit_code == 0
+    assert ran.result.released
+    assert ran.sink.events[0] == ("ready", b"")
+    assert ran.sink.stdout == "hello from gvisor\n"  # the ready line is stripped
+    assert ran.sink.stderr == ""
+    usage = ran.result.usage
+    assert usage["output_bytes"] == len("hello from gvisor\n")
+    assert usage["max_memory_bytes"] > 0 and usage["cpu_s"] > 0 and usage["wall_s"] > 0
+
+
+def test_nonzero_exit_is_exit_code(run_code: RunCode) -> None:
+    ran = run_code("import sys; print('bye', file=sys.stderr); sys.exit(3)")
+    assert (ran.result.reason, ran.result.exit_code) == (Reason.EXIT_CODE, 3)
+    assert ran.sink.stderr == "bye\n"
+
+
+def test_wall_clock_limit_is_timeout(run_code: RunCode) -> None:
+    ran = run_code("import time; print('sleeping'); time.sleep(60)", timeout_s=1)
+    assert ran.result.reason is Reason.TIMEOUT and ran.result.exit_code is None
+    assert ran.sink.stdout == "sleeping\n"
+    assert ran.result.usage["wall_s"] < 6
+
+
+def test_allocating_far_beyond_memory_mb_is_memory(run_code: RunCode) -> None:
+    ran = run_code("x = bytearray(512 * 2**20); print('survived')", memory_mb=64)
+    assert ran.result.reason is Reason.MEMORY
+    assert "survived" not in ran.sink.stdout
+
+
+def test_memory_within_the_budget_is_usable(run_code: RunCode) -> None:
+    ran = run_code("x = bytearray(100 * 2**20); print(len(x))", memory_mb=160)
+    assert ran.result.reason is None and ran.sink.stdout == f"{100 * 2**20}\n"
+
+
+FORK_BOMBS = {
+    "dies-on-eagain": "import os\nwhile True: os.fork()",
+    "retries-forever": "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
+}
+
+
+@pytest.mark.parametrize("bomb", FORK_BOMBS.values(), ids=FORK_BOMBS.keys())
+def test_fork_bomb_is_pids(run_code: RunCode, bomb: str) -> None:
+    ran = run_code(bomb, pids=16, timeout_s=20)
+    assert ran.result.reason is Reason.PIDS, ran.result
+    assert ran.result.usage["wall_s"] < 10
+
+
+def test_processes_up_to_the_pids_budget_are_fine(run_code: RunCode) -> None:
+    code = """
+import os, time
+kids = []
+for _ in range(15):  # 15 children + this process = the budget of 16
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.3)
+        os._exit(0)
+    kids.append(pid)
+print(sum(os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids))
+"""
+    ran = run_code(code, pids=16)
+    assert ran.result.reason is None and ran.sink.stdout == "0\n"
+
+
+@pytest.mark.parametrize(
+    "filler",
+    [
+        "with open('/workspace/big', 'wb') as f:\n    while True: f.write(b'x' * 2**20)",
+        "i = 0\nwhile True:\n    open(f'/output/f{i}', 'w').close(); i += 1",  # inodes
+    ],
+    ids=["blocks", "inodes"],
+)
+def test_filling_the_scratch_disk_is_disk(run_code: RunCode, filler: str) -> None:
+    ran = run_code(filler, disk_mb=8)
+    assert ran.result.reason is Reason.DISK and ran.result.exit_code == 1
+    assert "No space left on device" in ran.sink.stderr
+
+
+def test_output_over_budget_is_cut_marked_and_output_limit(run_code: RunCode) -> None:
+    cap = int(0.01 * 1024 * 1024)
+    ran = run_code("import sys\nwhile True: sys.stdout.write('y' * 1000)", output_mb=0.01)
+    assert ran.result.reason is Reason.OUTPUT_LIMIT
+    marker = f"\n[sandcell: output truncated at {cap} bytes]\n"
+    out = ran.sink.stdout
+    assert out.endswith(marker) and out.count("[sandcell:") == 1
+    assert len(out) - len(marker) == cap == ran.result.usage["output_bytes"]
+
+
+def test_stdout_and_stderr_share_the_output_budget(run_code: RunCode) -> None:
+    code = "import sys\nfor _ in range(50): print('o' * 500); print('e' * 500, file=sys.stderr)"
+    ran = run_code(code, output_mb=0.02)
+    assert ran.result.reason is Reason.OUTPUT_LIMIT
+    delivered = b"".join(d for s, d in ran.sink.events if s != "ready")
+    assert len(delivered) - len(b"\n[sandcell: output truncated at 20971 bytes]\n") == 20971
+
+
+STUBBORN = """
+import os, signal, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:  # double fork: reparented, own session, ignores SIGTERM
+        print("grandchild", os.getpid(), flush=True)
+        while True:
+            time.sleep(1)
+    os._exit(0)
+print("parent", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def test_cancel_kills_a_stubborn_double_forked_program(run_code: RunCode) -> None:
+    cancel, sink = threading.Event(), RecordingSink()
+    seen_on_host: list[str] = []
+
+    def cancel_once_both_run() -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if "grandchild" in sink.stdout and "parent" in sink.stdout:
+                seen_on_host.extend(host_processes_mentioning("t-test_cancel"))
+                break
+            time.sleep(0.05)
+        cancel.set()
+
+    watcher = threading.Thread(target=cancel_once_both_run)
+    watcher.start()
+    ran = run_code(STUBBORN, cancel=cancel, sink=sink, timeout_s=30)
+    watcher.join()
+    assert seen_on_host, "the sandbox's runsc processes were never seen on the host"
+    assert ran.result.reason is Reason.CANCELLED and ran.result.released
+    assert ran.result.usage["wall_s"] < 15
+    assert not host_processes_mentioning(ran.spec.sandbox_id)  # and run_code checked the rest
+
+
+def test_a_runsc_failure_is_runtime_error_and_released(
+    gvisor: GVisorRuntime, python_image: Image
+) -> None:
+    broken = replace(python_image, rootfs=Path("/nonexistent-rootfs"))
+    spec = SandboxSpec("t-broken-image", broken, ["/bin/true"], GUEST_ENV, Limits())
+    result = gvisor.run(spec, RecordingSink(), threading.Event())
+    assert result.reason is Reason.RUNTIME_ERROR and result.released
+    assert "runsc failed to start" in result.detail
+    assert_released(gvisor, spec.sandbox_id)
+
+
+# --- what the guest is and is not allowed -----------------------------------------------------
+
+
+def test_guest_is_nobody_without_capabilities_and_with_no_new_privs(run_code: RunCode) -> None:
+    code = """
+import ctypes
+print(open('/proc/self/status').read())
+libc = ctypes.CDLL(None, use_errno=True)
+print('NoNewPrivs:', libc.prctl(39, 0, 0, 0, 0))  # PR_GET_NO_NEW_PRIVS; gVisor's status lacks it
+print('Groups:', *__import__('os').getgroups())
+"""
+    ran = run_code(code)
+    status = dict(line.split(":", 1) for line in ran.sink.stdout.splitlines() if ":" in line)
+    assert status["Uid"].split() == ["65534"] * 4 and status["Gid"].split() == ["65534"] * 4
+    for cap in ("CapInh", "CapPrm", "CapEff", "CapBnd"):  # gVisor shows no CapAmb
+        assert int(status[cap], 16) == 0, cap
+    assert status["NoNewPrivs"].strip() == "1"
+    assert status["Groups"].split() in ([], ["65534"])
+
+
+def test_root_filesystem_is_read_only(run_code: RunCode) -> None:
+    code = """
+import errno, os
+try:
+    open('/var/tmp/x', 'w')  # world-writable in the image: only read-only stops it
+    print('wrote')
+except OSError as e:
+    print(errno.errorcode[e.errno])
+mounts = {line.split()[1]: line.split()[3].split(',') for line in open('/proc/self/mounts')}
+print('ro' in mounts['/'])
+open('/tmp/scratch', 'w').write('tmp is writable')
+print(open('/tmp/scratch').read())
+"""
+    ran = run_code(code)
+    assert ran.sink.stdout.splitlines() == ["EROFS", "True", "tmp is writable"]
+
+
+def test_inputs_are_readable_and_read_only(run_code: RunCode, tmp_path: Path) -> None:
+    host_file = tmp_path / "in.csv"
+    host_file.write_text("a,b\n1,2\n")
+    code = """
+import os, stat
+path = '/input/data/in.csv'
+print(open(path).read(), end='')
+st = os.stat(path)
+print(oct(stat.S_IMODE(st.st_mode)), st.st_uid)
+mounts = {line.split()[1]: line.split()[3].split(',') for line in open('/proc/self/mounts')}
+print('ro' in mounts['/input'])
+for attempt in (lambda: open(path, 'a'), lambda: open('/input/new', 'w')):
+    try:
+        attempt()
+        print('writable')
+    except OSError as e:
+        print(type(e).__name__)
+"""
+    ran = run_code(code, inputs=[InputFile(host_file, "data/in.csv")])
+    lines = ran.sink.stdout.splitlines()
+    assert lines[:4] == ["a,b", "1,2", "0o644 0", "True"]
+    assert "writable" not in lines[4:] and len(lines) == 6
+
+
+def test_workspace_runs_scripts_and_output_does_not(run_code: RunCode) -> None:
+    code = """
+import os, subprocess
+print(os.getcwd())
+for d in ('/workspace', '/output'):
+    path = f'{d}/tool.sh'
+    with open(path, 'w') as f:
+        f.write('#!/bin/sh\\necho ran\\n')
+    os.chmod(path, 0o755)
+    try:
+        print(subprocess.run([path], capture_output=True, text=True).stdout.strip())
+    except PermissionError:
+        print('noexec')
+    os.unlink(path)
+"""
+    ran = run_code(code)
+    assert ran.sink.stdout.splitlines() == ["/workspace", "ran", "noexec"]
+
+
+def test_host_files_are_not_visible(run_code: RunCode) -> None:
+    token = secrets.token_hex(8)
+    canaries = [Path(f"/root/sandcell-canary-{token}"), Path(f"/tmp/sandcell-canary-{token}")]
+    try:
+        for canary in canaries:
+            canary.write_text(token)
+        code = f"""
+import os
+paths = {[str(c) for c in canaries]!r}
+print([os.path.exists(p) for p in paths])
+print(any({token!r} in name for d in ('/tmp', '/', '/workspace') for name in os.listdir(d)))
+"""
+        ran = run_code(code)
+    finally:
+        for canary in canaries:
+            canary.unlink()
+    assert ran.sink.stdout.splitlines() == ["[False, False]", "False"]
+
+
+def test_host_processes_are_not_visible(run_code: RunCode) -> None:
+    code = """
+import json, os
+procs = {}
+for pid in filter(str.isdigit, os.listdir('/proc')):
+    procs[pid] = open(f'/proc/{pid}/cmdline', 'rb').read().split(b'\\0')[0].decode()
+print(json.dumps(procs))
+"""
+    ran = run_code(code)
+    procs = json.loads(ran.sink.stdout)
+    assert procs == {"1": "/usr/bin/python3.11"}  # the program is pid 1 and alone
+
+
+@pytest.fixture
+def host_loopback_server() -> Iterator[tuple[int, list[object]]]:
+    """A TCP server on the HOST's 127.0.0.1 that records every connection it accepts."""
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    accepted: list[object] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, peer = server.accept()
+            except TimeoutError:
+                continue
+            accepted.append(peer)
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], accepted
+    stop.set()
+    thread.join()
+    server.close()
+
+
+def test_no_network_no_host_loopback_no_dns(
+    run_code: RunCode, host_loopback_server: tuple[int, list[object]]
+) -> None:
+    port, accepted = host_loopback_server
+    code = f"""
+import socket
+lines = open('/proc/net/dev').read().splitlines()[2:]
+print(sorted(line.split(':')[0].strip() for line in lines))
+try:
+    socket.create_connection(('127.0.0.1', {port}), timeout=2)
+    print('connected')
+except OSError as e:
+    print('refused', type(e).__name__)
+try:
+    socket.getaddrinfo('localhost-test.invalid', 80)
+    print('resolved')
+except OSError:
+    print('no dns')
+print(repr(open('/etc/resolv.conf').read()))
+"""
+    ran = run_code(code)
+    lines = ran.sink.stdout.splitlines()
+    assert lines[0] == "['lo']"
+    assert lines[1].startswith("refused")
+    assert lines[2:] == ["no dns", "''"]
+    assert accepted == []
+
+
+def test_io_uring_is_denied(run_code: RunCode) -> None:
+    code = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+params = ctypes.create_string_buffer(120)
+print(libc.syscall(425, 8, params), ctypes.get_errno())  # io_uring_setup(8, &params)
+"""
+    ran = run_code(code)
+    result, errno_value = map(int, ran.sink.stdout.split())
+    assert result == -1 and errno_value != 0
+
+
+def test_environment_is_exactly_the_specs(run_code: RunCode) -> None:
+    env = {"PATH": "/usr/bin:/bin", "SANDCELL_JOB_ID": "job_x", "WEIRD": "a b=c"}
+    os.environ["SANDCELL_HOST_ONLY_SECRET"] = "must-not-leak"
+    try:
+        # /proc/self/environ: what the program was started with (Python may coerce the locale).
+        code = "print(open('/proc/self/environ', 'rb').read().decode())"
+        ran = run_code(code, env=env)
+    finally:
+        del os.environ["SANDCELL_HOST_ONLY_SECRET"]
+    started_with = dict(v.split("=", 1) for v in ran.sink.stdout.rstrip("\n").split("\0") if v)
+    assert started_with == env
+
+
+def test_output_files_are_reported_but_never_symlinks_or_fifos(run_code: RunCode) -> None:
+    code = """
+import os
+os.makedirs('/output/sub/deeper')
+open('/output/a.txt', 'w').write('hello')
+open('/output/sub/deeper/b.bin', 'wb').write(bytes(range(256)) * 100)
+os.symlink('/etc/passwd', '/output/passwd-link')
+os.symlink('/etc', '/output/etc-link')
+os.mkfifo('/output/fifo')
+open('/workspace/not-an-output.txt', 'w').write('scratch')
+"""
+    ran = run_code(code)
+    assert ran.result.reason is None
+    assert ran.sink.files == {"a.txt": b"hello", "sub/deeper/b.bin": bytes(range(256)) * 100}
+    assert ran.sink.sizes == {"a.txt": 5, "sub/deeper/b.bin": 25600}
+    # gVisor keeps a FIFO made on a bind mount inside the sentry, so the host may not even
+    # see it; the symlinks are on the host and are skipped (see also the host-side test).
+    assert ran.result.usage["output_files"] == 2 and ran.result.usage["skipped_outputs"] >= 1
+
+
+def test_output_walk_on_the_host_skips_links_fifos_and_sockets(tmp_path: Path) -> None:
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "ok.txt").write_bytes(b"ok")
+    (tmp_path / "passwd").symlink_to("/etc/passwd")
+    (tmp_path / "etc").symlink_to("/etc")
+    os.mkfifo(tmp_path / "fifo")
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tmp_path / "sock"))
+        sink = RecordingSink()
+        collected = collect_outputs(tmp_path, sink)
+    assert sink.files == {"sub/ok.txt": b"ok"}
+    assert (collected.files, collected.skipped) == (1, 3)
+
+
+def test_outputs_are_collected_after_a_failure_too(run_code: RunCode) -> None:
+    ran = run_code("open('/output/partial.txt', 'w').write('so far'); raise SystemExit(2)")
+    assert ran.result.reason is Reason.EXIT_CODE and ran.sink.files == {"partial.txt": b"so far"}
+
+
+def test_reap_removes_what_a_crash_left(gvisor: GVisorRuntime) -> None:
+    crashed = GVisorRuntime(gvisor.state_dir.parent / "crashed-state")
+    crashed.check()
+    leftover = crashed.sandboxes_dir / "t-left-behind"
+    leftover.mkdir(parents=True)
+    (leftover / "junk").write_text("x")
+    assert "scratch t-left-behind" in crashed.reap()
+    assert not leftover.exists() and crashed.reap() == []
