@@ -6,8 +6,11 @@ dir, runsc state, cgroup, loop device, and any host process mentioning the sandb
 
 import json
 import os
+import re
 import secrets
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
@@ -24,6 +28,7 @@ from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.outputs import collect_outputs
 from tests.integration.conftest import (
     GUEST_ENV,
+    IMAGE_DIR,
     RecordingSink,
     RunCode,
     assert_released,
@@ -51,7 +56,8 @@ def test_print_reaches_the_sink_after_ready(run_code: RunCode) -> None:
 def test_nonzero_exit_is_exit_code(run_code: RunCode) -> None:
     ran = run_code("import sys; print('bye', file=sys.stderr); sys.exit(3)")
     assert (ran.result.reason, ran.result.exit_code) == (Reason.EXIT_CODE, 3)
-    assert ran.sink.stderr == "bye\n"
+    assert ran.sink.events[0] == ("ready", b"")  # first, even when stderr speaks first
+    assert ran.sink.stderr == "bye\n" and ran.sink.stdout == ""
 
 
 def test_wall_clock_limit_is_timeout(run_code: RunCode) -> None:
@@ -170,6 +176,23 @@ def test_cancel_kills_a_stubborn_double_forked_program(run_code: RunCode) -> Non
     assert ran.result.reason is Reason.CANCELLED and ran.result.released
     assert ran.result.usage["wall_s"] < 15
     assert not host_processes_mentioning(ran.spec.sandbox_id)  # and run_code checked the rest
+
+
+@pytest.mark.parametrize(("signal_name", "code"), [("SIGKILL", 137), ("SIGSEGV", 139)])
+def test_death_by_signal_is_exit_code_128_plus_n(
+    run_code: RunCode, signal_name: str, code: int
+) -> None:
+    ran = run_code(f"import os, signal; os.kill(os.getpid(), signal.{signal_name})")
+    assert (ran.result.reason, ran.result.exit_code) == (Reason.EXIT_CODE, code)
+
+
+def test_cpu_quota_throttles_the_program_but_not_the_boot(run_code: RunCode) -> None:
+    busy = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1.5: pass"
+    ran = run_code(busy, cpu=0.2)
+    assert ran.result.reason is None
+    assert ran.result.usage["start_s"] < 1.5  # boot ran at a full core
+    # 1.5 s of busy loop at 0.2 cores is 0.3 CPU-s, plus gVisor's own start (~0.2 CPU-s).
+    assert ran.result.usage["cpu_s"] < 0.9
 
 
 def test_a_runsc_failure_is_runtime_error_and_released(
@@ -412,11 +435,89 @@ def test_outputs_are_collected_after_a_failure_too(run_code: RunCode) -> None:
     assert ran.result.reason is Reason.EXIT_CODE and ran.sink.files == {"partial.txt": b"so far"}
 
 
-def test_reap_removes_what_a_crash_left(gvisor: GVisorRuntime) -> None:
-    crashed = GVisorRuntime(gvisor.state_dir.parent / "crashed-state")
-    crashed.check()
-    leftover = crashed.sandboxes_dir / "t-left-behind"
-    leftover.mkdir(parents=True)
-    (leftover / "junk").write_text("x")
-    assert "scratch t-left-behind" in crashed.reap()
-    assert not leftover.exists() and crashed.reap() == []
+CRASHING_WORKER = """
+import sys, threading
+from pathlib import Path
+from sandcell.domain.limits import Limits
+from sandcell.ports.runtime import SandboxSpec
+from sandcell.runtime.gvisor import GVisorRuntime
+from sandcell.runtime.images import FilesystemImageCatalog
+from tests.integration.conftest import RecordingSink
+
+state_dir, sandbox_id, image_dir = sys.argv[1:]
+image = FilesystemImageCatalog(Path(image_dir)).get("python")
+argv = [image.python, "-c", "import time; time.sleep(120)"]
+spec = SandboxSpec(sandbox_id, image, argv, {}, Limits(timeout_s=120))
+GVisorRuntime(Path(state_dir)).run(spec, RecordingSink(), threading.Event())
+"""
+
+
+def test_reap_removes_everything_a_crashed_worker_left(
+    gvisor: GVisorRuntime, python_image: Image, tmp_path: Path
+) -> None:
+    state_dir, sandbox_id = tmp_path / "crashed-state", "t-crashed-worker"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_WORKER, str(state_dir), sandbox_id, str(IMAGE_DIR)],
+        cwd=Path(__file__).parents[2],
+    )
+    runtime = GVisorRuntime(state_dir)
+    try:
+        deadline = time.monotonic() + 20
+        while not runtime.runsc.has_state(sandbox_id) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # let the sandbox boot fully
+    finally:
+        worker.kill()  # the worker dies; runsc, its cgroup, mount and loop device stay
+        worker.wait()
+    assert host_processes_mentioning(sandbox_id), "the sandbox should outlive its worker"
+    removed = runtime.reap()
+    for expected in (
+        f"runsc container {sandbox_id}",
+        f"cgroup {runtime.cgroup_parent}/{sandbox_id}",
+        f"mount {runtime.sandboxes_dir / sandbox_id / 'disk'}",
+        f"scratch {sandbox_id}",
+    ):
+        assert expected in removed
+    assert any(item.startswith("loop device /dev/loop") for item in removed)
+    assert_released(runtime, sandbox_id)
+    assert runtime.reap() == []
+
+
+def test_check_fails_closed_without_runsc(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeUnavailable, match="runsc not found"):
+        GVisorRuntime(tmp_path, runsc="/nonexistent/runsc").check()
+
+
+def test_kvm_platform_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="not allowed"):
+        GVisorRuntime(tmp_path, platform="kvm")
+
+
+def test_version_names_runsc(gvisor: GVisorRuntime) -> None:
+    assert re.fullmatch(r"runsc \S+", gvisor.version())
+
+
+def test_a_second_run_of_a_live_id_is_refused_and_leaves_the_first_alone(
+    gvisor: GVisorRuntime, python_image: Image
+) -> None:
+    argv = [python_image.python, "-c", "import time; time.sleep(1); print('first')"]
+    spec = SandboxSpec("t-same-id", python_image, argv, GUEST_ENV, Limits())
+    first_sink = RecordingSink()
+    first = threading.Thread(target=gvisor.run, args=(spec, first_sink, threading.Event()))
+    first.start()
+    while first_sink.ready_at is None and first.is_alive():
+        time.sleep(0.02)
+    second = gvisor.run(spec, RecordingSink(), threading.Event())
+    first.join()
+    assert second.reason is Reason.RUNTIME_ERROR and "already in use" in second.detail
+    assert first_sink.stdout == "first\n"
+    assert_released(gvisor, spec.sandbox_id)
+
+
+def test_a_hostile_sandbox_id_is_refused_before_touching_the_host(
+    gvisor: GVisorRuntime, python_image: Image
+) -> None:
+    spec = SandboxSpec("../../etc", python_image, ["/bin/true"], GUEST_ENV, Limits())
+    result = gvisor.run(spec, RecordingSink(), threading.Event())
+    assert result.reason is Reason.RUNTIME_ERROR and result.released
+    assert result.detail == "invalid sandbox id"

@@ -18,6 +18,7 @@ from sandcell.domain.errors import RuntimeUnavailable
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "cpu", "cpuacct", "pids")
 CPU_PERIOD_US = 100_000
+# Files a sandbox's cgroup must offer (checked on a probe cgroup: the roots lack some).
 REQUIRED_FILES = {
     "memory": ("memory.limit_in_bytes", "memory.oom_control", "memory.max_usage_in_bytes"),
     "cpu": ("cpu.cfs_quota_us", "cpu.cfs_period_us"),
@@ -37,12 +38,9 @@ def require_v1(root: Path = CGROUP_ROOT) -> None:
     """Raise RuntimeUnavailable unless every controller we enforce with is mounted (v1)."""
     if (root / "cgroup.controllers").exists():
         raise RuntimeUnavailable("cgroup v2 (unified) hosts are not supported yet; need cgroup v1")
-    for controller, files in REQUIRED_FILES.items():
-        missing = [f for f in files if not (root / controller / f).exists()]
-        if missing:
-            raise RuntimeUnavailable(
-                f"cgroup v1 controller {controller!r} is not usable (missing {', '.join(missing)})"
-            )
+    missing = [c for c in CONTROLLERS if not (root / c / "cgroup.procs").exists()]
+    if missing:
+        raise RuntimeUnavailable(f"cgroup v1 controllers not mounted: {', '.join(missing)}")
 
 
 class SandboxCgroup:
@@ -60,6 +58,7 @@ class SandboxCgroup:
         try:
             for controller in CONTROLLERS:
                 self.dir(controller).mkdir(parents=True, exist_ok=True)
+            self._require_files()
             self._apply(limits)
         except OSError as exc:
             self.remove()
@@ -70,10 +69,18 @@ class SandboxCgroup:
         # With swap accounting, also cap memory+swap: otherwise the limit leaks into swap.
         if (self.dir("memory") / "memory.memsw.limit_in_bytes").exists():
             self._write("memory", "memory.memsw.limit_in_bytes", limits.memory_bytes)
-        quota = max(1000, int(limits.cpus * CPU_PERIOD_US))
         self._write("cpu", "cpu.cfs_period_us", CPU_PERIOD_US)
-        self._write("cpu", "cpu.cfs_quota_us", quota)
+        self.set_cpus(limits.cpus)
         self._write("pids", "pids.max", limits.pids_max)
+
+    def set_cpus(self, cpus: float) -> None:
+        self._write("cpu", "cpu.cfs_quota_us", max(1000, int(cpus * CPU_PERIOD_US)))
+
+    def _require_files(self) -> None:
+        for controller, files in REQUIRED_FILES.items():
+            for name in files:
+                if not (self.dir(controller) / name).exists():
+                    raise FileNotFoundError(f"{controller} controller has no {name}")
 
     def procs_files(self) -> list[Path]:
         return [self.dir(c) / "cgroup.procs" for c in CONTROLLERS]

@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -67,7 +67,6 @@ class Manifest:
     recipe: dict[str, Any]
     python: str
     mirror: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
     def image(self, version_dir: Path) -> Image:
         return Image(self.name, self.version, self.digest, version_dir / "rootfs", self.python)
@@ -257,8 +256,9 @@ def _install(work: Path, final: Path) -> None:
 def _read_manifest(version_dir: Path) -> Manifest | None:
     try:
         data = json.loads((version_dir / MANIFEST).read_text())
-        return Manifest(**data)
-    except (OSError, ValueError, TypeError):
+        known = {f.name for f in fields(Manifest)}  # newer builds may add fields: ignore them
+        return Manifest(**{k: v for k, v in data.items() if k in known})
+    except (OSError, ValueError, TypeError, AttributeError):
         return None
 
 

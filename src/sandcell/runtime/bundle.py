@@ -1,0 +1,127 @@
+"""The OCI runtime spec (config.json) that runsc boots for one sandbox.
+
+Everything the sandbox may see or do is written down here: a read-only image root, uid 65534
+with no capabilities and no_new_privs, five namespaces, an io_uring-denying seccomp filter,
+rlimits, and exactly four host directories (/job, /input, /workspace, /output).
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+from sandcell.domain.limits import Limits
+from sandcell.runtime.scratch import GUEST_UID, Scratch
+
+# The first line the sandbox writes on stdout; the guest cannot write before it, because the
+# shell prints it and only then `exec`s the program. The runtime strips it from the output.
+READY_MARKER = b"\x1esandcell-ready\n"
+READY_PRINTF = 'printf "\\036sandcell-ready\\n"; '
+# Variables that appear without the spec asking: runsc adds HOME, the shell exports PWD.
+ADDED_BY_THE_WRAPPING = ("HOME", "PWD")
+NOFILE = 1024
+CAPABILITY_SETS = ("bounding", "effective", "inheritable", "permitted", "ambient")
+NAMESPACES = ("pid", "network", "ipc", "uts", "mount")
+# This runsc lets io_uring through unless an OCI seccomp filter denies it (--oci-seccomp).
+DENIED_SYSCALLS = ("io_uring_setup", "io_uring_enter", "io_uring_register")
+
+
+def nproc_limit(limits: Limits) -> int:
+    """RLIMIT_NPROC inside gVisor, which counts the sandbox's tasks (threads included).
+
+    One above the budget: the extra slot is the tripwire the runtime watches for, so a program
+    that uses exactly `pids` tasks runs, and one that tries for more is caught (reason pids).
+    """
+    return limits.pids + 1
+
+
+def oci_config(
+    argv: list[str], env: dict[str, str], limits: Limits, rootfs: Path, scratch: Scratch
+) -> dict[str, Any]:
+    return {
+        "ociVersion": "1.0.2",
+        "process": _process(argv, env, limits),
+        "root": {"path": str(rootfs), "readonly": True},
+        "hostname": "sandbox",
+        "mounts": _mounts(scratch),
+        "linux": {
+            "namespaces": [{"type": ns} for ns in NAMESPACES],
+            "seccomp": {
+                "defaultAction": "SCMP_ACT_ALLOW",
+                "syscalls": [{"names": list(DENIED_SYSCALLS), "action": "SCMP_ACT_ERRNO"}],
+            },
+        },
+    }
+
+
+def write_config(config: dict[str, Any], bundle: Path) -> None:
+    path = bundle / "config.json"
+    path.write_text(json.dumps(config, indent=1))
+    path.chmod(0o600)
+
+
+def check_env(env: dict[str, str]) -> None:
+    """Raise ValueError for a variable the OCI runtime would mangle or reject."""
+    for key, value in env.items():
+        if not key or "=" in key or "\0" in key or "\0" in value:
+            raise ValueError(f"invalid environment variable {key!r}")
+
+
+def _process(argv: list[str], env: dict[str, str], limits: Limits) -> dict[str, Any]:
+    disk_bytes = limits.disk_mb * 1024 * 1024
+    return {
+        "terminal": False,
+        "user": {"uid": GUEST_UID, "gid": GUEST_UID, "additionalGids": []},
+        "args": [*ready_wrapper(env), *argv],
+        "env": [f"{key}={value}" for key, value in env.items()],  # exactly the spec's
+        "cwd": "/workspace",
+        "noNewPrivileges": True,
+        # `runsc spec` would grant AUDIT_WRITE, KILL and NET_BIND_SERVICE even to uid 65534,
+        # and gVisor honours them: every set is spelled out empty.
+        "capabilities": {name: [] for name in CAPABILITY_SETS},
+        "rlimits": [
+            _rlimit("RLIMIT_NOFILE", NOFILE),
+            _rlimit("RLIMIT_CORE", 0),
+            _rlimit("RLIMIT_FSIZE", disk_bytes),
+            _rlimit("RLIMIT_NPROC", nproc_limit(limits)),
+        ],
+    }
+
+
+def ready_wrapper(env: dict[str, str]) -> list[str]:
+    """The shell that prints the ready line, then becomes the program with exactly `env`."""
+    unset = [name for name in ADDED_BY_THE_WRAPPING if name not in env]
+    script = READY_PRINTF + (f"unset {' '.join(unset)}; " if unset else "") + 'exec "$@"'
+    return ["/bin/sh", "-c", script, "sh"]
+
+
+def _rlimit(kind: str, value: int) -> dict[str, Any]:
+    return {"type": kind, "hard": value, "soft": value}
+
+
+def _mounts(scratch: Scratch) -> list[dict[str, Any]]:
+    ro, rw = ["rbind", "ro", "nosuid", "nodev"], ["rbind", "rw", "nosuid", "nodev"]
+    return [
+        {"destination": "/proc", "type": "proc", "source": "proc"},
+        {"destination": "/dev", "type": "tmpfs", "source": "tmpfs"},
+        {
+            "destination": "/sys",
+            "type": "sysfs",
+            "source": "sysfs",
+            "options": ["nosuid", "noexec", "nodev", "ro"],
+        },
+        # In the sentry's memory, so bounded by the memory limit.
+        {
+            "destination": "/tmp",
+            "type": "tmpfs",
+            "source": "tmpfs",
+            "options": ["nosuid", "nodev", "mode=1777"],
+        },
+        _bind("/job", scratch.job, ro),
+        _bind("/input", scratch.input, ro),
+        _bind("/workspace", scratch.workspace, rw),
+        _bind("/output", scratch.output, [*rw, "noexec"]),  # results are data, not programs
+    ]
+
+
+def _bind(destination: str, source: Path, options: list[str]) -> dict[str, Any]:
+    return {"destination": destination, "type": "bind", "source": str(source), "options": options}

@@ -1,0 +1,155 @@
+"""The gVisor runtime: each job in its own runsc sandbox, everything released before returning.
+
+<state_dir>/runsc/                 runsc --root: only this runtime's containers
+<state_dir>/sandboxes/<id>/        scratch of one sandbox (see scratch.py)
+/sys/fs/cgroup/<ctl>/sandcell/<key>/<id>   its cgroup; <key> is derived from state_dir, so
+                                   two runtimes on one host never reap each other's
+"""
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+from sandcell.domain.errors import RuntimeUnavailable
+from sandcell.domain.states import Reason
+from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
+from sandcell.runtime import cgroups
+from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
+from sandcell.runtime.runsc import Runsc, RunscError
+from sandcell.runtime.sandbox import SandboxRun
+from sandcell.runtime.scratch import Scratch, attached_loops, probe_loop_disk
+
+SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # names dirs and cgroups
+
+
+class GVisorRuntime:
+    name = "gvisor"
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        runsc: str = "runsc",
+        overhead_mb: int = 64,
+        platform: str | None = None,
+        cgroup_parent: str | None = None,
+    ) -> None:
+        self.state_dir = state_dir
+        self.sandboxes_dir = state_dir / "sandboxes"
+        self.runsc = Runsc(runsc, state_dir / "runsc", platform)
+        self.overhead_mb = overhead_mb
+        key = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+        self.cgroup_parent = cgroup_parent or f"sandcell/{key}"
+        self._version: str | None = None
+
+    def version(self) -> str:
+        if self._version is None:
+            try:
+                self._version = self.runsc.version()
+            except RunscError as exc:
+                raise RuntimeUnavailable(str(exc)) from exc
+        return self._version
+
+    def check(self) -> None:
+        """Fail closed: raise RuntimeUnavailable unless every protection can be applied."""
+        if shutil.which(self.runsc.binary) is None:
+            raise RuntimeUnavailable(f"runsc not found ({self.runsc.binary!r} is not on PATH)")
+        if os.geteuid() != 0:
+            raise RuntimeUnavailable("the gvisor runtime needs root (runsc, cgroups, loop disks)")
+        cgroups.require_v1()
+        self._ensure_dirs()
+        probe = SandboxCgroup(f"{self.cgroup_parent}/.probe-{os.getpid()}")
+        probe.create(CgroupLimits(memory_bytes=64 << 20, cpus=0.5, pids_max=64))
+        if not probe.remove():
+            raise RuntimeUnavailable(f"cannot remove cgroup {probe.relpath}")
+        probe_loop_disk(self.state_dir)
+        self.version()
+
+    def run(self, spec: SandboxSpec, sink: SandboxSink, cancel: threading.Event) -> SandboxResult:
+        if not SANDBOX_ID.match(spec.sandbox_id):
+            return SandboxResult(None, Reason.RUNTIME_ERROR, "invalid sandbox id", released=True)
+        self._ensure_dirs()
+        scratch = Scratch(self.sandboxes_dir / spec.sandbox_id)
+        cgroup = SandboxCgroup(f"{self.cgroup_parent}/{spec.sandbox_id}")
+        # Claiming the scratch dir is atomic: never touch what another run of this id owns.
+        if cgroup.exists() or self.runsc.has_state(spec.sandbox_id) or not scratch.claim():
+            detail = f"sandbox id {spec.sandbox_id} is already in use"
+            return SandboxResult(None, Reason.RUNTIME_ERROR, detail, released=True)
+        run = SandboxRun(spec, sink, cancel, self.runsc, scratch, cgroup, self.overhead_mb)
+        return run.execute()
+
+    def reap(self) -> list[str]:
+        """Remove what an earlier crash of a runtime with this state_dir left behind.
+
+        Call it before the first `run`: it removes every sandbox this state_dir knows of.
+        """
+        removed = self._reap_containers()
+        removed += self._reap_cgroups()
+        removed += self._reap_scratch()
+        return removed
+
+    def _ensure_dirs(self) -> None:
+        for path in (self.state_dir, self.runsc.root, self.sandboxes_dir):
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def _reap_containers(self) -> list[str]:
+        removed = []
+        try:
+            containers = self.runsc.containers()
+        except RunscError:
+            containers = []
+        for container in containers:
+            for step in (self.runsc.kill_all, self.runsc.delete):
+                # Already stopped, or gone: the cgroup sweep below kills it either way.
+                with contextlib.suppress(RunscError):
+                    step(container)
+            removed.append(f"runsc container {container}")
+        return removed
+
+    def _reap_cgroups(self) -> list[str]:
+        removed = []
+        for name in sorted(cgroups.children(self.cgroup_parent)):
+            cgroup = SandboxCgroup(f"{self.cgroup_parent}/{name}")
+            cgroup.kill_all()
+            cgroup.remove()
+            removed.append(f"cgroup {cgroup.relpath}")
+        # The parent too, now empty: one per state_dir would otherwise pile up (`run` remakes it).
+        SandboxCgroup(self.cgroup_parent).remove(timeout_s=0)
+        return removed
+
+    def _reap_scratch(self) -> list[str]:
+        removed = []
+        prefix = f"{self.sandboxes_dir}/"
+        for mount_point in _mounts_under(prefix):
+            subprocess.run(["umount", "--lazy", mount_point], capture_output=True, check=False)
+            removed.append(f"mount {mount_point}")
+        for device, backing in attached_loops().items():
+            if backing.startswith(prefix):
+                subprocess.run(["losetup", "--detach", device], capture_output=True, check=False)
+                removed.append(f"loop device {device}")
+        if self.sandboxes_dir.is_dir():
+            for leftover in sorted(self.sandboxes_dir.iterdir()):
+                shutil.rmtree(leftover, ignore_errors=True)
+                removed.append(f"scratch {leftover.name}")
+        return removed
+
+
+def _mounts_under(prefix: str) -> list[str]:
+    """Mount points below `prefix`, deepest first (so they unmount in order)."""
+    points = []
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            point = _unescape(line.split()[4])
+            if point.startswith(prefix):
+                points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)

@@ -1,0 +1,221 @@
+"""The per-sandbox scratch directory on the host and its size-limited disk.
+
+    <state>/sandboxes/<sandbox_id>/    0700, root
+        bundle/config.json             the OCI spec runsc boots
+        job/main.py                    the code, bound read-only at /job
+        input/...                      the input files, bound read-only at /input
+        disk.img                       ext4 image of limits.disk_mb, loop-mounted on disk/
+        disk/workspace, disk/output    bound read-write at /workspace and /output
+        runsc.log                      runsc's own log (never shown to the tenant)
+
+/workspace and /output share one ext4 image so that `disk_mb` is one budget for both and a
+full disk is a plain ENOSPC inside the sandbox that cannot touch the host's filesystem.
+"""
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from sandcell.domain.errors import RuntimeUnavailable
+from sandcell.domain.paths import safe_relative_path
+from sandcell.ports.runtime import InputFile
+
+GUEST_UID = 65534
+INODES_PER_MB = 64  # bounded inodes: an inode flood ends as ENOSPC, like a byte flood
+MIN_INODES = 256
+# Host mount options. nosuid/nodev: nothing on a tenant's disk may gain privileges or reach
+# a device. No noexec: /workspace is where users build and run scripts, and exec inside the
+# sandbox gives nothing the interpreter does not already have; /output gets noexec in the
+# OCI mount instead (see bundle.py).
+MOUNT_OPTIONS = "nosuid,nodev,noatime"
+# -m 0: the tenant gets every block (its files are not root's). No journal: a scratch disk is
+# thrown away after one run; crash consistency buys nothing and the journal costs space.
+MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "nodiscard")
+COMMAND_TIMEOUT_S = 30
+FULL_SLACK_BYTES = 1024 * 1024  # "full": less than this (or 2%) left, or no inode left
+
+
+class ScratchError(Exception):
+    """The scratch directory or its disk could not be set up."""
+
+
+@dataclass
+class Scratch:
+    root: Path
+    loop_device: str | None = None
+
+    @property
+    def bundle(self) -> Path:
+        return self.root / "bundle"
+
+    @property
+    def job(self) -> Path:
+        return self.root / "job"
+
+    @property
+    def input(self) -> Path:
+        return self.root / "input"
+
+    @property
+    def image(self) -> Path:
+        return self.root / "disk.img"
+
+    @property
+    def disk(self) -> Path:
+        return self.root / "disk"
+
+    @property
+    def workspace(self) -> Path:
+        return self.disk / "workspace"
+
+    @property
+    def output(self) -> Path:
+        return self.disk / "output"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "runsc.log"
+
+    def claim(self) -> bool:
+        """Create the (empty) scratch root; False if it exists: the id belongs to another run."""
+        try:
+            self.root.mkdir(mode=0o700)
+        except FileExistsError:
+            return False
+        return True
+
+    def create(self, code: bytes | None, inputs: list[InputFile], disk_mb: int) -> None:
+        """Fill a claimed scratch root: bundle dir, /job, /input and the mounted disk."""
+        for path in (self.bundle, self.job, self.input, self.disk):
+            path.mkdir(mode=0o755)
+        if code is not None:
+            _write_readable(self.job / "main.py", code)
+        for item in inputs:
+            _copy_input(item, self.input)
+        self._make_disk(disk_mb)
+
+    def _make_disk(self, disk_mb: int) -> None:
+        with open(self.image, "wb") as img:
+            img.truncate(disk_mb * 1024 * 1024)
+        inodes = max(MIN_INODES, disk_mb * INODES_PER_MB)
+        _run("mkfs.ext4", *MKFS_OPTIONS, "-N", str(inodes), str(self.image))
+        self.loop_device = _run("losetup", "--find", "--show", str(self.image)).strip()
+        _run("mount", "-t", "ext4", "-o", MOUNT_OPTIONS, self.loop_device, str(self.disk))
+        for path in (self.workspace, self.output):
+            path.mkdir(mode=0o755)
+            os.chown(path, GUEST_UID, GUEST_UID)
+
+    def disk_full(self) -> bool:
+        """No free blocks or inodes left for the guest: what ENOSPC looks like from outside."""
+        if not self.is_mounted():
+            return False
+        fs = os.statvfs(self.disk)
+        # A write larger than what is left fails whole, so up to one big buffer stays free.
+        slack = max(FULL_SLACK_BYTES, fs.f_blocks * fs.f_frsize // 50)
+        return fs.f_bavail * fs.f_frsize < slack or fs.f_favail == 0
+
+    def used_bytes(self) -> int:
+        fs = os.statvfs(self.disk)
+        return (fs.f_blocks - fs.f_bfree) * fs.f_frsize
+
+    def is_mounted(self) -> bool:
+        return os.path.ismount(self.disk)
+
+    def teardown(self) -> list[str]:
+        """Unmount, detach and delete everything; return what could not be removed."""
+        problems: list[str] = []
+        if self.is_mounted():
+            _try(problems, "umount", str(self.disk))
+        if self.is_mounted():  # something still holds it open: detach it from the tree
+            _try(problems, "umount", "--lazy", str(self.disk))
+        if self.loop_device and self._owns_loop():  # loop numbers are reused: only if ours
+            _try(problems, "losetup", "--detach", self.loop_device)
+        shutil.rmtree(self.root, ignore_errors=True)
+        return problems + self.leftovers()
+
+    def _owns_loop(self) -> bool:
+        if self.loop_device is None:
+            return False
+        backing = loop_backing_file(self.loop_device)  # "<path> (deleted)" once rmtree'd
+        return backing is not None and backing.startswith(str(self.image))
+
+    def leftovers(self) -> list[str]:
+        """What of this scratch still exists on the host (empty: fully released)."""
+        left = []
+        if self.is_mounted():
+            left.append(f"mount {self.disk}")
+        if self._owns_loop():
+            left.append(f"loop device {self.loop_device}")
+        if self.root.exists():
+            left.append(f"directory {self.root}")
+        return left
+
+
+def loop_backing_file(device: str) -> str | None:
+    """The file behind loop `device` (e.g. /dev/loop3), or None if it is detached."""
+    name = os.path.basename(device)
+    try:
+        return Path(f"/sys/block/{name}/loop/backing_file").read_text().strip()
+    except OSError:
+        return None
+
+
+def attached_loops() -> dict[str, str]:
+    """Every attached loop device -> its backing file."""
+    loops = {}
+    for sys_dir in Path("/sys/block").glob("loop*"):
+        backing = loop_backing_file(sys_dir.name)
+        if backing is not None:
+            loops[f"/dev/{sys_dir.name}"] = backing
+    return loops
+
+
+def _copy_input(item: InputFile, input_root: Path) -> None:
+    rel = safe_relative_path(item.guest_path)  # validated upstream; checked again here
+    target = input_root / rel
+    parent = input_root
+    for part in Path(rel).parent.parts:
+        parent = parent / part
+        parent.mkdir(mode=0o755, exist_ok=True)
+    shutil.copyfile(item.host_path, target)
+    target.chmod(0o644)
+
+
+def _write_readable(path: Path, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+
+
+def _run(*cmd: str) -> str:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ScratchError(f"{cmd[0]} failed: {exc}") from exc
+    if done.returncode != 0:
+        raise ScratchError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
+    return done.stdout
+
+
+def _try(problems: list[str], *cmd: str) -> None:
+    try:
+        _run(*cmd)
+    except ScratchError as exc:
+        problems.append(str(exc))
+
+
+def probe_loop_disk(workdir: Path) -> None:
+    """Set up and tear down a tiny scratch disk; raise RuntimeUnavailable if that fails."""
+    probe = Scratch(workdir / ".probe")
+    shutil.rmtree(probe.root, ignore_errors=True)
+    try:
+        probe.claim()
+        probe.create(None, [], disk_mb=4)
+    except (OSError, ScratchError) as exc:
+        raise RuntimeUnavailable(f"cannot set up a loop-mounted scratch disk: {exc}") from exc
+    finally:
+        left = probe.teardown()
+    if left:
+        raise RuntimeUnavailable(f"scratch disk probe left {', '.join(left)}")

@@ -1,0 +1,175 @@
+"""Images: the real debootstrap-built `python` image, its manifest and digest, the catalog."""
+
+import json
+import os
+import shutil
+import stat
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sandcell.domain.errors import ImageUnavailable
+from sandcell.domain.images import Image
+from sandcell.runtime.digest import tree_digest
+from sandcell.runtime.images import RECIPES, FilesystemImageCatalog, build_image, verify
+from sandcell.runtime.mirror import debian_mirror
+from tests.integration.conftest import IMAGE_DIR
+
+# --- the built image (needs root: debootstrap) -----------------------------------------------
+
+
+@pytest.mark.gvisor
+def test_building_again_returns_the_same_image_without_rebuilding(python_image: Image) -> None:
+    manifest_before = (python_image.rootfs.parent / "manifest.json").read_text()
+    started = time.monotonic()
+    again = build_image("python", IMAGE_DIR)
+    assert time.monotonic() - started < 5  # no debootstrap the second time
+    assert again == python_image
+    assert (python_image.rootfs.parent / "manifest.json").read_text() == manifest_before
+
+
+@pytest.mark.gvisor
+def test_manifest_records_what_was_built(python_image: Image) -> None:
+    manifest = json.loads((python_image.rootfs.parent / "manifest.json").read_text())
+    assert manifest["name"] == "python" and manifest["version"] == RECIPES["python"].version
+    assert manifest["digest"] == python_image.digest
+    assert manifest["digest"].startswith("sha256:") and len(manifest["digest"]) == 71
+    assert manifest["python"] == "/usr/bin/python3.11"
+    assert manifest["recipe"] == RECIPES["python"].as_dict()
+    assert manifest["built_at"].endswith("+00:00")
+
+
+@pytest.mark.gvisor
+def test_rootfs_is_hardened(python_image: Image) -> None:
+    root = python_image.rootfs
+    assert (root / "usr/bin/python3.11").is_file()
+    for mount_point in ("job", "input", "workspace", "output", "tmp"):
+        assert (root / mount_point).is_dir(), mount_point
+    assert (root / "etc/resolv.conf").read_text() == ""  # no DNS, no host resolver
+    assert (root / "etc/hostname").read_text() == "sandbox\n"  # not the build host's name
+    assert list((root / "var/cache/apt").iterdir()) == []
+    assert list((root / "var/lib/apt/lists").iterdir()) == []
+    setid = [
+        os.path.join(d, f)
+        for d, _, files in os.walk(root)
+        for f in files
+        if not os.path.islink(os.path.join(d, f))
+        and os.lstat(os.path.join(d, f)).st_mode & (stat.S_ISUID | stat.S_ISGID)
+    ]
+    assert setid == []
+
+
+@pytest.mark.gvisor
+def test_catalog_serves_the_built_image_and_verify_checks_it(python_image: Image) -> None:
+    catalog = FilesystemImageCatalog(IMAGE_DIR)
+    assert "python" in catalog.names()
+    assert catalog.get("python") == python_image
+    verify(python_image)
+    verify(python_image, full=True)  # re-hash: the tree is still what the manifest says
+    with pytest.raises(ImageUnavailable, match="rebuilt"):
+        verify(replace(python_image, digest="sha256:" + "0" * 64))
+
+
+# --- catalog, digest and mirror on small trees (no root needed) ------------------------------
+
+
+def _fake_build(images_dir: Path, name: str, version: str, built_at: str) -> Path:
+    version_dir = images_dir / name / version
+    (version_dir / "rootfs").mkdir(parents=True)
+    manifest = {
+        "name": name,
+        "version": version,
+        "digest": "sha256:" + "a" * 64,
+        "built_at": built_at,
+        "recipe": {},
+        "python": "/usr/bin/python3.11",
+    }
+    (version_dir / "manifest.json").write_text(json.dumps(manifest))
+    return version_dir
+
+
+def test_catalog_says_how_to_build_a_missing_image(tmp_path: Path) -> None:
+    catalog = FilesystemImageCatalog(tmp_path)
+    with pytest.raises(ImageUnavailable) as missing:
+        catalog.get("python-data")
+    assert missing.value.detail == (
+        "image 'python-data' is not built; run `sandcell image build python-data`"
+    )
+    assert catalog.names() == []
+
+
+@pytest.mark.parametrize("name", ["../etc", "/abs", "Python", "a/b", "", "x" * 40])
+def test_catalog_rejects_names_that_could_walk_the_disk(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ImageUnavailable, match="not a valid image name"):
+        FilesystemImageCatalog(tmp_path).get(name)
+
+
+def test_catalog_serves_the_newest_complete_build(tmp_path: Path) -> None:
+    _fake_build(tmp_path, "python", "1", "2026-01-01T00:00:00+00:00")
+    newest = _fake_build(tmp_path, "python", "2", "2026-02-01T00:00:00+00:00")
+    half = _fake_build(tmp_path, "python", "3", "2026-03-01T00:00:00+00:00")
+    shutil.rmtree(half / "rootfs")  # a manifest without its rootfs is not usable
+    (tmp_path / "python" / ".build-4-x").mkdir()  # an unfinished build is ignored
+    image = FilesystemImageCatalog(tmp_path).get("python")
+    assert (image.version, image.rootfs) == ("2", newest / "rootfs")
+    assert FilesystemImageCatalog(tmp_path).names() == ["python"]
+
+
+def test_building_an_unknown_recipe_fails_clearly(tmp_path: Path) -> None:
+    with pytest.raises(ImageUnavailable, match="no recipe for image 'ruby'; known: python"):
+        build_image("ruby", tmp_path)
+
+
+def _small_tree(root: Path) -> Path:
+    (root / "dir").mkdir(parents=True)
+    (root / "dir" / "file").write_bytes(b"content")
+    (root / "link").symlink_to("dir/file")
+    (root / "empty").mkdir()
+    return root
+
+
+def test_digest_is_deterministic_and_ignores_timestamps(tmp_path: Path) -> None:
+    first = _small_tree(tmp_path / "a")
+    second = _small_tree(tmp_path / "b")
+    os.utime(second / "dir" / "file", (0, 0))
+    assert tree_digest(first) == tree_digest(second)
+    assert tree_digest(first).startswith("sha256:")
+
+
+@pytest.mark.parametrize("change", ["content", "mode", "link", "new-file", "rename"])
+def test_digest_changes_with_any_content_mode_or_link_change(tmp_path: Path, change: str) -> None:
+    root = _small_tree(tmp_path / "t")
+    before = tree_digest(root)
+    if change == "content":
+        (root / "dir" / "file").write_bytes(b"Content")
+    elif change == "mode":
+        (root / "dir" / "file").chmod(0o600)
+    elif change == "link":
+        (root / "link").unlink()
+        (root / "link").symlink_to("dir/other")
+    elif change == "new-file":
+        (root / "empty" / "x").write_bytes(b"")
+    else:
+        (root / "dir" / "file").rename(root / "dir" / "file2")
+    assert tree_digest(root) != before
+
+
+def test_mirror_comes_from_apt_sources(tmp_path: Path) -> None:
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.local/debian-security\nSuites: bookworm-security\n\n"
+        "# comment\nTypes: deb deb-src\nURIs: http://mirror.local/debian/\n"
+        "Suites: bookworm bookworm-updates\nComponents: main\n"
+    )
+    assert debian_mirror(apt_dir=tmp_path) == "http://mirror.local/debian"
+
+
+def test_mirror_falls_back_to_sources_list_then_the_default(tmp_path: Path) -> None:
+    assert debian_mirror(apt_dir=tmp_path) == "http://deb.debian.org/debian"
+    (tmp_path / "sources.list").write_text(
+        "deb http://x.local/debian bookworm-updates main\n"
+        "deb [arch=amd64 signed-by=/k.gpg] http://x.local/debian bookworm main\n"
+    )
+    assert debian_mirror(apt_dir=tmp_path) == "http://x.local/debian"
