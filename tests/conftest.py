@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cryptography.fernet import Fernet
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine
 
@@ -11,10 +12,13 @@ from sandcell.api.app import create_app
 from sandcell.api.deps import Services
 from sandcell.artifacts.filesystem import FilesystemBlobStore
 from sandcell.domain.limits import Limits
+from sandcell.egress.validation import EgressValidator
 from sandcell.services.auth import AuthService
 from sandcell.services.files import FileService
 from sandcell.services.jobs import JobPolicy, JobService
+from sandcell.services.secrets import SecretService
 from sandcell.store.sql import SqlStore, prepare_sqlite
+from sandcell.vault.fernet import FernetCipher
 from tests.fakes import FakeImages
 
 ADMIN_KEY = "test-admin-key-0123456789"
@@ -53,8 +57,9 @@ def api(tmp_path: Path) -> Iterator[Api]:
         store=store,
         images=images,
         auth=AuthService(store, ADMIN_KEY),
-        jobs=JobService(store, blobs, images, policy),
+        jobs=JobService(store, blobs, images, policy, EgressValidator()),
         files=FileService(store, blobs, b"k" * 32, 1024 * 1024),
+        secrets=SecretService(store, FernetCipher(Fernet.generate_key())),
         signed_url_ttl_s=60,
         default_image="python",
     )

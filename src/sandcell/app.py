@@ -11,14 +11,18 @@ from sandcell.api.app import create_app
 from sandcell.api.deps import Services
 from sandcell.artifacts.filesystem import FilesystemBlobStore
 from sandcell.domain.errors import RuntimeUnavailable
+from sandcell.egress.validation import EgressValidator
 from sandcell.ports.runtime import Runtime
+from sandcell.ports.secrets import NetworkValidator
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.services.auth import AuthService
 from sandcell.services.files import FileService
 from sandcell.services.jobs import JobPolicy, JobService
+from sandcell.services.secrets import SecretService
 from sandcell.services.worker import Worker, WorkerConfig, new_worker_id
 from sandcell.settings import Settings
 from sandcell.store.sql import SqlStore, prepare_sqlite
+from sandcell.vault.fernet import FernetCipher
 
 
 def build_store(settings: Settings) -> SqlStore:
@@ -48,6 +52,16 @@ def signing_key(settings: Settings) -> bytes:
     return path.read_text().strip().encode()
 
 
+def secret_cipher(settings: Settings) -> FernetCipher:
+    if settings.secrets_key:
+        return FernetCipher(settings.secrets_key.encode())
+    return FernetCipher.from_key_file(settings.data_dir / "secrets.key")
+
+
+def network_validator(settings: Settings) -> NetworkValidator | None:
+    return EgressValidator() if settings.egress else None
+
+
 def build_services(settings: Settings) -> Services:
     store = build_store(settings)
     blobs = FilesystemBlobStore(settings.data_dir / "blobs")
@@ -63,8 +77,9 @@ def build_services(settings: Settings) -> Services:
         store=store,
         images=images,
         auth=AuthService(store, settings.admin_key),
-        jobs=JobService(store, blobs, images, policy),
+        jobs=JobService(store, blobs, images, policy, network_validator(settings)),
         files=FileService(store, blobs, signing_key(settings), settings.max_file_bytes),
+        secrets=SecretService(store, secret_cipher(settings)),
         signed_url_ttl_s=settings.signed_url_ttl_s,
         default_image=settings.default_image,
     )

@@ -19,6 +19,10 @@ class Settings(BaseSettings):
     port: int = 8080
     admin_key: str = Field(default="", repr=False)
     signing_key: str = Field(default="", repr=False)  # empty: generated once into data_dir
+    secrets_key: str = Field(default="", repr=False)  # Fernet key; empty: made in data_dir
+    egress: bool = True  # jobs may ask for network through the egress proxy
+    egress_allowed_networks: list[str] = []  # operator: private ranges the proxy may reach
+    egress_upstream_ca_file: str = ""  # operator: CA bundle for upstream TLS (empty: system)
     runtime: str = "gvisor"
     allow_weak_isolation: bool = False
     default_image: str = "python"

@@ -71,7 +71,16 @@ def test_duplicate_tenant_name_is_a_conflict(api: Api) -> None:
         ({"code": "print(1)", "env": {"SANDCELL_X": "1"}}, "env"),
         ({"code": "print(1)", "env": {"1BAD": "1"}}, "env"),
         ({"code": "x\u0000"}, "code"),
-        ({"code": "print(1)", "network": {"allow": ["example.com"]}}, "network.allow"),
+        ({"code": "print(1)", "network": {"allow": ["exa mple.com"]}}, "network.allow"),
+        ({"code": "print(1)", "network": {"allow": ["example.com."]}}, "network.allow"),
+        (
+            {
+                "code": "1",
+                "network": {"allow": ["api.example.com"]},
+                "secrets": [{"name": "nope", "hosts": ["api.example.com"], "header": "X-Key"}],
+            },
+            "secrets.0.name",
+        ),
     ],
 )
 def test_bad_job_requests_name_the_offending_field(api: Api, body: dict, field: str) -> None:

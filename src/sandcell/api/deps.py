@@ -11,6 +11,7 @@ from sandcell.ports.store import Store
 from sandcell.services.auth import AuthService, Principal
 from sandcell.services.files import FileService
 from sandcell.services.jobs import JobService
+from sandcell.services.secrets import SecretService
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class Services:
     auth: AuthService
     jobs: JobService
     files: FileService
+    secrets: SecretService
     signed_url_ttl_s: float
     default_image: str
 

@@ -17,11 +17,14 @@ from sandcell.api.schemas import (
     JobOut,
     JobPage,
     LogsOut,
+    SecretOut,
+    SecretPage,
+    SecretPut,
     SignedUrlOut,
 )
 from sandcell.api.views import artifact_out, file_out, iso, job_out, log_text
 from sandcell.domain.errors import FieldError, InvalidRequest
-from sandcell.domain.records import InputRef, Job
+from sandcell.domain.records import InputRef, Job, SecretInfo
 from sandcell.domain.states import JobState
 from sandcell.services.jobs import Submission, body_fingerprint
 
@@ -231,3 +234,26 @@ def sign_artifact_url(svc: Svc, who: Caller, artifact_id: str) -> SignedUrlOut:
     expires, sig = svc.files.sign(artifact, svc.signed_url_ttl_s)
     url = f"/v1/artifacts/{artifact.id}/content?expires={expires}&sig={sig}"
     return SignedUrlOut(url=url, expires_at=iso(expires) or "")
+
+
+def _secret_out(info: SecretInfo) -> SecretOut:
+    return SecretOut(
+        name=info.name, created_at=iso(info.created_at) or "", updated_at=iso(info.updated_at) or ""
+    )
+
+
+@router.post("/secrets", status_code=201, response_model=SecretOut, tags=["secrets"])
+def put_secret(svc: Svc, who: Caller, body: SecretPut) -> SecretOut:
+    """Create or replace a secret. Its value can never be read back through the API."""
+    return _secret_out(svc.secrets.put(who, body.name, body.value))
+
+
+@router.get("/secrets", response_model=SecretPage, tags=["secrets"])
+def list_secrets(svc: Svc, who: Caller) -> SecretPage:
+    return SecretPage(items=[_secret_out(info) for info in svc.secrets.list_secrets(who)])
+
+
+@router.delete("/secrets/{name}", status_code=204, tags=["secrets"])
+def delete_secret(svc: Svc, who: Caller, name: str) -> Response:
+    svc.secrets.delete(who, name)
+    return Response(status_code=204)

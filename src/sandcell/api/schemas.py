@@ -200,3 +200,18 @@ class AuditEventOut(BaseModel):
 
 class AuditPage(BaseModel):
     items: list[AuditEventOut]
+
+
+class SecretPut(Strict):
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    value: str = Field(min_length=1, max_length=8192, description="write-only; never returned")
+
+
+class SecretOut(BaseModel):
+    name: str
+    created_at: str
+    updated_at: str
+
+
+class SecretPage(BaseModel):
+    items: list[SecretOut]

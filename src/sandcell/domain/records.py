@@ -58,6 +58,7 @@ class JobSpec:
     env: dict[str, str]
     network: dict[str, Any] = field(default_factory=dict)
     retry: dict[str, Any] = field(default_factory=dict)
+    secrets: list[dict[str, Any]] = field(default_factory=list)  # bindings; values never here
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Job:
     fencing_token: int = 0
     usage: dict[str, float] = field(default_factory=dict)
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    egress: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -123,3 +125,12 @@ class AuditEvent:
     target: str | None
     outcome: str  # "ok" | "denied"
     detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SecretInfo:
+    """What the API may show of a secret: never its value."""
+
+    name: str
+    created_at: float
+    updated_at: float

@@ -12,6 +12,7 @@ from typing import BinaryIO, Protocol
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
+from sandcell.ports.egress import EgressAttachment
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class SandboxSpec:
     limits: Limits
     code: bytes | None = None
     inputs: list[InputFile] = field(default_factory=list)
+    egress: EgressAttachment | None = None  # None: no network at all
 
 
 class SandboxSink(Protocol):

@@ -21,6 +21,7 @@ from sandcell.domain.records import InputRef, Job, JobSpec, LogChunk, Tenant
 from sandcell.domain.states import JobState
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.images import ImageCatalog
+from sandcell.ports.secrets import NetworkValidator
 from sandcell.ports.store import Store
 from sandcell.services.audit import AuditLog
 from sandcell.services.auth import Principal
@@ -74,8 +75,14 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
 
 class JobService:
     def __init__(
-        self, store: Store, blobs: BlobStore, images: ImageCatalog, policy: JobPolicy
+        self,
+        store: Store,
+        blobs: BlobStore,
+        images: ImageCatalog,
+        policy: JobPolicy,
+        network: NetworkValidator | None = None,
     ) -> None:
+        self.network = network
         self.store = store
         self.blobs = blobs
         self.images = images
@@ -104,6 +111,10 @@ class JobService:
         stored = self.store.add_job(job, idempotency, admission)
         return stored, stored.id == job.id
 
+    def secret_names_missing(self, tenant_id: str, names: list[str]) -> list[str]:
+        found = self.store.secret_ciphertexts(tenant_id, names)
+        return [name for name in names if name not in found]
+
     def quotas(self, who: Principal) -> Quotas:
         return self.policy.quotas_for(self._tenant(who))
 
@@ -120,7 +131,7 @@ class JobService:
         limits, limit_errors = self._limits(tenant, sub.limits)
         errors += limit_errors
         errors += self._input_errors(tenant, sub.inputs)
-        errors += self._unsupported(sub)
+        errors += self._network_errors(tenant, sub)
         if errors:
             raise InvalidRequest("the job request is invalid", errors)
         return JobSpec(
@@ -132,6 +143,7 @@ class JobService:
             env=sub.env,
             network=sub.network,
             retry=sub.retry,
+            secrets=sub.secrets,
         )
 
     def _image_errors(self, tenant: Tenant, image: str) -> list[FieldError]:
@@ -164,14 +176,22 @@ class JobService:
                 errors.append(FieldError(f"inputs.{i}.file_id", "no such file"))
         return errors
 
-    def _unsupported(self, sub: Submission) -> list[FieldError]:
-        # Fail closed: until the egress proxy exists, a job that asks for network is refused
-        # rather than run with a policy other than the one it asked for.
-        errors = []
-        if sub.network.get("allow"):
-            errors.append(FieldError("network.allow", "egress is not enabled on this server"))
-        if sub.secrets:
-            errors.append(FieldError("secrets", "secret injection is not enabled on this server"))
+    def _network_errors(self, tenant: Tenant, sub: Submission) -> list[FieldError]:
+        allow = list(sub.network.get("allow", []))
+        if not allow and not sub.secrets:
+            return []
+        if self.network is None:
+            # Fail closed: without an egress proxy a job asking for network is refused, never
+            # run under a policy other than the one it asked for.
+            return [FieldError("network.allow", "egress is not enabled on this server")]
+        errors = self.network.check(allow, sub.secrets)
+        names = [str(spec.get("name", "")) for spec in sub.secrets]
+        missing = set(self.secret_names_missing(tenant.id, names))
+        errors += [
+            FieldError(f"secrets.{i}.name", "no such secret; create it with POST /v1/secrets")
+            for i, name in enumerate(names)
+            if name in missing
+        ]
         return errors
 
     # read
@@ -243,7 +263,13 @@ def deletion_report(job: Job, removed: list[Any], log_bytes: int) -> dict[str, A
             "code_and_env": True,
             "inputs": "the sandbox's copy of /input was destroyed with the sandbox",
             "workspace": "destroyed with the sandbox when the job ended",
-            "secrets_material": "none: the job was given no secrets",
+            "secrets_material": (
+                "the job's CA key and secret values lived only in the worker's memory and "
+                "were dropped when the job ended; the tenant's stored secrets remain "
+                "(DELETE /v1/secrets/{name})"
+                if job.spec.secrets
+                else "none: the job was given no secrets"
+            ),
         },
         "kept": {
             "job_record": "id, state, reason, timings and usage remain as a tombstone",

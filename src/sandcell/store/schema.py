@@ -74,6 +74,7 @@ jobs = Table(
     Column("fencing_token", Integer, nullable=False, default=0),
     Column("usage", JSON, nullable=False),
     Column("attempts", JSON, nullable=False),
+    Column("egress", JSON),
     Index("jobs_queue", "state", "accepted_at"),
     Index("jobs_by_tenant", "tenant_id", "accepted_at", "id"),
 )
@@ -144,4 +145,14 @@ audit_events = Table(
     Column("outcome", String(16), nullable=False),
     Column("detail", JSON, nullable=False),
     Index("audit_by_time", "at", "id"),
+)
+
+secrets = Table(
+    "secrets",
+    metadata,
+    Column("tenant_id", String(64), ForeignKey("tenants.id"), primary_key=True),
+    Column("name", String(128), primary_key=True),
+    Column("ciphertext", LargeBinary, nullable=False),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
 )

@@ -36,6 +36,7 @@ from sandcell.domain.records import (
     Job,
     JobSpec,
     LogChunk,
+    SecretInfo,
     StoredFile,
     Tenant,
     WorkerInfo,
@@ -51,6 +52,7 @@ from sandcell.store.schema import (
     job_logs,
     jobs,
     rate_buckets,
+    secrets,
     tenants,
     workers,
 )
@@ -98,6 +100,7 @@ def _spec_from_json(data: dict[str, Any]) -> JobSpec:
         env=data.get("env", {}),
         network=data.get("network", {}),
         retry=data.get("retry", {}),
+        secrets=data.get("secrets", []),
     )
 
 
@@ -126,6 +129,7 @@ def _job_from_row(row: Any) -> Job:
         fencing_token=m["fencing_token"],
         usage=m["usage"] or {},
         attempts=m["attempts"] or [],
+        egress=m["egress"] or [],
     )
 
 
@@ -522,6 +526,7 @@ class SqlStore:
             "finished_at": job.finished_at,
             "usage": job.usage,
             "attempts": job.attempts,
+            "egress": job.egress,
             "lease_expires_at": None,
         }
         with self._tx() as conn:
@@ -642,6 +647,49 @@ class SqlStore:
     def storage_bytes(self, tenant_id: str) -> int:
         with self._read() as conn:
             return _storage_bytes(conn, tenant_id)
+
+    # secrets (values arrive and leave encrypted; the store never sees plaintext)
+
+    def put_secret(self, tenant_id: str, name: str, ciphertext: bytes, at: float) -> SecretInfo:
+        key = and_(secrets.c.tenant_id == tenant_id, secrets.c.name == name)
+        with self._tx() as conn:
+            row = conn.execute(select(secrets.c.created_at).where(key)).first()
+            if row is None:
+                conn.execute(
+                    insert(secrets).values(
+                        tenant_id=tenant_id,
+                        name=name,
+                        ciphertext=ciphertext,
+                        created_at=at,
+                        updated_at=at,
+                    )
+                )
+                return SecretInfo(name, at, at)
+            conn.execute(update(secrets).where(key).values(ciphertext=ciphertext, updated_at=at))
+        return SecretInfo(name, row.created_at, at)
+
+    def list_secrets(self, tenant_id: str) -> list[SecretInfo]:
+        query = (
+            select(secrets.c.name, secrets.c.created_at, secrets.c.updated_at)
+            .where(secrets.c.tenant_id == tenant_id)
+            .order_by(secrets.c.name)
+        )
+        with self._read() as conn:
+            return [SecretInfo(r.name, r.created_at, r.updated_at) for r in conn.execute(query)]
+
+    def secret_ciphertexts(self, tenant_id: str, names: list[str]) -> dict[str, bytes]:
+        query = select(secrets.c.name, secrets.c.ciphertext).where(
+            secrets.c.tenant_id == tenant_id, secrets.c.name.in_(names)
+        )
+        with self._read() as conn:
+            return {r.name: r.ciphertext for r in conn.execute(query)}
+
+    def delete_secret(self, tenant_id: str, name: str) -> bool:
+        with self._tx() as conn:
+            result = conn.execute(
+                delete(secrets).where(secrets.c.tenant_id == tenant_id, secrets.c.name == name)
+            )
+        return result.rowcount == 1
 
     # audit
 

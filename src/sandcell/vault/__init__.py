@@ -1,0 +1,1 @@
+"""Encryption of secret values at rest."""
