@@ -10,6 +10,7 @@ from pathlib import Path
 from sandcell.domain.errors import ImageUnavailable
 from sandcell.domain.images import Image
 from sandcell.domain.states import Reason
+from sandcell.ports.egress import EgressAttachment, SecretBinding
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 
 FAKE_IMAGE = Image("python", "test", "sha256:" + "0" * 64, Path("/"), "/usr/bin/python3.11")
@@ -70,3 +71,33 @@ class HostProcessRuntime:
         if reason is None and proc.returncode:
             reason = Reason.EXIT_CODE
         return SandboxResult(proc.returncode, reason, released=True)
+
+
+class FakeEgressSession:
+    def __init__(self, root: Path, allow: list[str], secrets: list[SecretBinding]) -> None:
+        self.attachment = EgressAttachment(root, root / "ca.pem")
+        self.allow, self.secrets, self.closed = allow, secrets, False
+
+    def env(self) -> dict[str, str]:
+        return {"HTTPS_PROXY": "http://127.0.0.1:3128"}
+
+    def events(self) -> list[dict[str, object]]:
+        return [{"host": h, "port": 443, "decision": "allowed"} for h in self.allow]
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class FakeEgress:
+    """Records what the worker asked of the proxy; no traffic flows."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.sessions: list[FakeEgressSession] = []
+
+    def open(
+        self, session_id: str, allow: list[str], secrets: list[SecretBinding], image_ca: Path
+    ) -> FakeEgressSession:
+        session = FakeEgressSession(self.root, allow, secrets)
+        self.sessions.append(session)
+        return session

@@ -11,7 +11,7 @@ from sandcell.domain.errors import StaleLease
 from sandcell.domain.states import JobState
 from sandcell.services.worker import Worker, WorkerConfig
 from tests.conftest import Api
-from tests.fakes import FakeImages, HostProcessRuntime
+from tests.fakes import FakeEgress, FakeImages, HostProcessRuntime
 
 
 def _worker(api: Api) -> Worker:
@@ -202,3 +202,41 @@ def test_graceful_stop_gives_running_jobs_a_deadline_then_settles_them(
     assert record["attempts"][-1]["reason"] == "worker_lost"
     if state == "failed":
         assert record["reason"] == "worker_lost" and "stopped" in record["detail"]
+
+
+def test_a_job_with_network_gets_its_own_proxy_and_its_egress_log(api: Api) -> None:
+    alice = api.tenant("alice")
+    api.http.post("/v1/secrets", json={"name": "tok", "value": "tok-value-77"}, headers=alice)
+    binding = {"name": "tok", "hosts": ["api.example"], "header": "X-Key"}
+    body = {"code": "print(1)", "network": {"allow": ["api.example"]}, "secrets": [binding]}
+    job = api.http.post("/v1/jobs", json=body, headers=alice).json()
+    egress = FakeEgress(api.tmp)
+    config = WorkerConfig("wrk_net", slots=1, lease_s=5, heartbeat_s=0.1, poll_s=0.01)
+    worker = Worker(
+        api.services.store,
+        api.blobs,
+        HostProcessRuntime(),
+        FakeImages(),
+        config,
+        egress=egress,
+        secrets=api.services.secrets,
+    )
+    claimed = api.services.store.claim_next("wrk_net", time.time(), 5)
+    assert claimed is not None
+    worker.run_job(claimed)
+    [session] = egress.sessions
+    assert session.closed and session.allow == ["api.example"]
+    assert [(b.spec["name"], b.value) for b in session.secrets] == [("tok", "tok-value-77")]
+    record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice)
+    assert record.json()["state"] == "completed"
+    assert record.json()["egress"] == [{"host": "api.example", "port": 443, "decision": "allowed"}]
+    assert "tok-value-77" not in record.text
+
+
+def test_without_an_egress_proxy_the_worker_refuses_network_jobs(api: Api) -> None:
+    alice = api.tenant("alice")
+    body = {"code": "print(1)", "network": {"allow": ["api.example"]}}
+    job = api.http.post("/v1/jobs", json=body, headers=alice).json()
+    _run_all(api)
+    record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()
+    assert (record["state"], record["reason"]) == ("failed", "policy_denied")

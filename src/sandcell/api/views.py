@@ -41,7 +41,7 @@ def job_out(job: Job, outputs: list[Artifact]) -> JobOut:
         ],
         stages=[],
         attempts=job.attempts,
-        egress=[],
+        egress=job.egress,
         cancel_requested=job.cancel_requested_at is not None,
         retired_at=iso(job.retired_at),
     )

@@ -19,6 +19,10 @@ class Redactor:
             with self._lock:
                 self._secrets[value] = name
 
+    def discard(self, value: str) -> None:
+        with self._lock:
+            self._secrets.pop(value, None)
+
     def __call__(self, text: str) -> str:
         text = API_KEY.sub(r"\1[redacted]", text)
         text = BEARER.sub(r"\1[redacted]", text)

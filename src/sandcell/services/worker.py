@@ -8,20 +8,26 @@ import logging
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from typing import BinaryIO
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from sandcell.domain.errors import ImageUnavailable, SandcellError, StaleLease
 from sandcell.domain.ids import new_id
+from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits, out_of_range
-from sandcell.domain.paths import safe_relative_path
-from sandcell.domain.records import Artifact, Job, WorkerInfo
+from sandcell.domain.records import Job, WorkerInfo
+from sandcell.domain.redaction import REDACTOR
 from sandcell.domain.states import JobState, Reason
 from sandcell.ports.artifacts import BlobStore
+from sandcell.ports.egress import Egress, EgressSession, SecretBinding
 from sandcell.ports.images import ImageCatalog
 from sandcell.ports.runtime import InputFile, Runtime, SandboxResult, SandboxSpec
 from sandcell.ports.store import Store
+from sandcell.services.job_sink import JobSink
+from sandcell.services.secrets import SecretService
 
 log = logging.getLogger("sandcell.worker")
 
@@ -33,8 +39,6 @@ BASE_ENV = {
     "PYTHONUNBUFFERED": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
-LOG_FLUSH_BYTES = 64 * 1024
-LOG_FLUSH_S = 0.2
 
 
 @dataclass(frozen=True)
@@ -49,59 +53,6 @@ class WorkerConfig:
     max_limits: Limits = field(default_factory=Limits)
 
 
-class JobSink:
-    """Receives a sandbox's output and turns it into log chunks and artifacts."""
-
-    def __init__(self, store: Store, blobs: BlobStore, job: Job, token: int) -> None:
-        self.store, self.blobs, self.job, self.token = store, blobs, job, token
-        self.started_at: float | None = None
-        self.skipped_outputs = 0
-        self._lock = threading.Lock()
-        self._pending: list[tuple[str, bytearray]] = []
-        self._pending_bytes = 0
-        self._flushed_at = time.monotonic()
-
-    def ready(self) -> None:
-        self.started_at = time.time()
-        self.store.mark_started(self.job.id, self.token, self.started_at, self._digest())
-
-    def _digest(self) -> str:
-        return self.job.image_digest or ""
-
-    def output(self, stream: str, data: bytes) -> None:
-        with self._lock:
-            if self._pending and self._pending[-1][0] == stream:
-                self._pending[-1][1].extend(data)
-            else:
-                self._pending.append((stream, bytearray(data)))
-            self._pending_bytes += len(data)
-            due = time.monotonic() - self._flushed_at > LOG_FLUSH_S
-            if self._pending_bytes >= LOG_FLUSH_BYTES or due:
-                self._flush_locked()
-
-    def flush(self) -> None:
-        with self._lock:
-            self._flush_locked()
-
-    def _flush_locked(self) -> None:
-        for stream, data in self._pending:
-            self.store.append_log(self.job.id, self.token, stream, bytes(data))
-        self._pending, self._pending_bytes = [], 0
-        self._flushed_at = time.monotonic()
-
-    def output_file(self, path: str, content: BinaryIO, size: int) -> None:
-        try:
-            safe_relative_path(path)
-        except ValueError:
-            self.skipped_outputs += 1  # a name we cannot represent safely is not published
-            return
-        sha256, stored_size = self.blobs.put(content)
-        artifact = Artifact(
-            new_id("art"), self.job.tenant_id, self.job.id, path, stored_size, sha256, time.time()
-        )
-        self.store.add_artifact(artifact, self.token)
-
-
 class Worker:
     def __init__(
         self,
@@ -110,9 +61,12 @@ class Worker:
         runtime: Runtime,
         images: ImageCatalog,
         config: WorkerConfig,
+        egress: Egress | None = None,
+        secrets: SecretService | None = None,
     ) -> None:
         self.store, self.blobs, self.runtime, self.images = store, blobs, runtime, images
         self.config = config
+        self.egress, self.secrets = egress, secrets
         self._running = 0
         self._lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
@@ -220,6 +174,15 @@ class Worker:
             code=job.spec.code.encode() if job.spec.code is not None else None,
             inputs=self._inputs(job),
         )
+        with self._egress_for(job, token, image) as session:
+            if session is not None:
+                spec = replace(spec, egress=session.attachment, env=spec.env | session.env())
+            outcome = self._supervised(job, token, spec)
+        job.egress = session.events() if session is not None else []
+        self._settle(job, token, outcome)
+
+    def _supervised(self, job: Job, token: int, spec: SandboxSpec) -> tuple[SandboxResult, JobSink]:
+        """Run the sandbox with a heartbeat that renews the lease and relays cancel requests."""
         sink = JobSink(self.store, self.blobs, job, token)
         cancel = threading.Event()
         with self._lock:
@@ -234,12 +197,36 @@ class Worker:
             with self._lock:
                 self._cancels.pop(job.id, None)
         sink.flush()
+        return result, sink
+
+    def _settle(self, job: Job, token: int, outcome: tuple[SandboxResult, JobSink]) -> None:
+        result, sink = outcome
         if result.reason is Reason.CANCELLED and self._stopped_by_shutdown(job):
             # Not the caller's cancel: the job is settled as if its worker were lost, so a
             # job with attempts left runs again elsewhere.
             self.store.release_job(job.id, token, time.time())
             return
         self._finish(job, token, sink, result)
+
+    @contextmanager
+    def _egress_for(self, job: Job, token: int, image: Image) -> Iterator[EgressSession | None]:
+        """The job's own proxy, when it may reach hosts; its secret values never leave it."""
+        allow = list(job.spec.network.get("allow", []))
+        if not allow or self.egress is None:
+            yield None
+            return
+        names = [str(spec["name"]) for spec in job.spec.secrets]
+        values = self.secrets.values(job.tenant_id, names) if self.secrets and names else {}
+        for name, value in values.items():
+            REDACTOR.add(value, name)
+        bindings = [SecretBinding(spec, values[str(spec["name"])]) for spec in job.spec.secrets]
+        session = self.egress.open(f"{job.id}-{token}", allow, bindings, image_ca_bundle(image))
+        try:
+            yield session
+        finally:
+            session.close()
+            for value in values.values():
+                REDACTOR.discard(value)
 
     def _stopped_by_shutdown(self, job: Job) -> bool:
         return self._shutdown.is_set() and not self.store.cancel_requested(job.id)
@@ -248,7 +235,7 @@ class Worker:
         """The worker's own bounds, re-checked: a compromised API cannot widen them."""
         problems = out_of_range(job.spec.limits.as_dict(), self.config.max_limits)
         reserved = [name for name in job.spec.env if name.upper().startswith("SANDCELL_")]
-        if job.spec.network.get("allow"):
+        if (job.spec.network.get("allow") or job.spec.secrets) and self.egress is None:
             problems["network"] = "this worker has no egress proxy"
         if reserved:
             problems["env"] = f"reserved names {reserved}"
@@ -309,6 +296,11 @@ class Worker:
             "state": job.state.value,
             "reason": job.reason.value if job.reason else None,
         }
+
+
+def image_ca_bundle(image: Image) -> Path:
+    """The image's own trust store, to which a job's CA is appended."""
+    return image.rootfs / "etc/ssl/certs/ca-certificates.crt"
 
 
 def new_worker_id() -> str:
