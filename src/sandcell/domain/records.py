@@ -113,6 +113,7 @@ class WorkerInfo:
     runtime: str
     runtime_version: str
     started_at: float
+    url: str | None = None  # the worker's session host, for API replicas
 
 
 @dataclass(frozen=True)

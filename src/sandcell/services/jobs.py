@@ -10,12 +10,11 @@ from typing import Any
 from sandcell.domain.errors import (
     Conflict,
     FieldError,
-    ImageUnavailable,
     InvalidRequest,
     NotFound,
 )
 from sandcell.domain.ids import new_id
-from sandcell.domain.limits import Limits, out_of_range
+from sandcell.domain.limits import Limits
 from sandcell.domain.quotas import Admission, Quotas
 from sandcell.domain.records import InputRef, Job, JobSpec, LogChunk, Tenant
 from sandcell.domain.states import JobState
@@ -25,6 +24,7 @@ from sandcell.ports.secrets import NetworkValidator
 from sandcell.ports.store import Store
 from sandcell.services.audit import AuditLog
 from sandcell.services.auth import Principal
+from sandcell.services.validation import RequestValidator
 
 
 @dataclass(frozen=True)
@@ -82,12 +82,14 @@ class JobService:
         policy: JobPolicy,
         network: NetworkValidator | None = None,
     ) -> None:
-        self.network = network
         self.store = store
         self.blobs = blobs
         self.images = images
         self.policy = policy
         self.audit = AuditLog(store)
+        self.check = RequestValidator(
+            store, images, policy.default_limits, policy.max_limits, network
+        )
 
     # submit
 
@@ -111,10 +113,6 @@ class JobService:
         stored = self.store.add_job(job, idempotency, admission)
         return stored, stored.id == job.id
 
-    def secret_names_missing(self, tenant_id: str, names: list[str]) -> list[str]:
-        found = self.store.secret_ciphertexts(tenant_id, names)
-        return [name for name in names if name not in found]
-
     def quotas(self, who: Principal) -> Quotas:
         return self.policy.quotas_for(self._tenant(who))
 
@@ -127,11 +125,11 @@ class JobService:
     def _validated_spec(self, tenant: Tenant, sub: Submission) -> JobSpec:
         errors: list[FieldError] = []
         image = sub.image or self.policy.default_image
-        errors += self._image_errors(tenant, image)
-        limits, limit_errors = self._limits(tenant, sub.limits)
+        errors += self.check.image_errors(tenant, image)
+        limits, limit_errors = self.check.limits(tenant, sub.limits)
         errors += limit_errors
-        errors += self._input_errors(tenant, sub.inputs)
-        errors += self._network_errors(tenant, sub)
+        errors += self.check.input_errors(tenant, sub.inputs)
+        errors += self.check.network_errors(tenant, sub.network, sub.secrets)
         if errors:
             raise InvalidRequest("the job request is invalid", errors)
         return JobSpec(
@@ -145,54 +143,6 @@ class JobService:
             retry=sub.retry,
             secrets=sub.secrets,
         )
-
-    def _image_errors(self, tenant: Tenant, image: str) -> list[FieldError]:
-        if tenant.images is not None and image not in tenant.images:
-            return [FieldError("image", f"image {image!r} is not allowed for this tenant")]
-        try:
-            self.images.get(image)
-        except ImageUnavailable:
-            known = ", ".join(self.images.names()) or "none"
-            return [FieldError("image", f"unknown image {image!r}; available: {known}")]
-        return []
-
-    def _limits(self, tenant: Tenant, requested: dict[str, Any]) -> tuple[Limits, list[FieldError]]:
-        maximum = replace(self.policy.max_limits, **tenant.limits)
-        problems = out_of_range(requested, maximum)
-        errors = [FieldError(f"limits.{name}", msg) for name, msg in problems.items()]
-        defaults = {
-            name: min(getattr(self.policy.default_limits, name), getattr(maximum, name))
-            for name in Limits.names()
-        }
-        return Limits(**(defaults | requested)), errors
-
-    def _input_errors(self, tenant: Tenant, inputs: list[InputRef]) -> list[FieldError]:
-        errors, seen = [], set()
-        for i, ref in enumerate(inputs):
-            if ref.path in seen:
-                errors.append(FieldError(f"inputs.{i}.path", "duplicate input path"))
-            seen.add(ref.path)
-            if self.store.get_file(tenant.id, ref.file_id) is None:
-                errors.append(FieldError(f"inputs.{i}.file_id", "no such file"))
-        return errors
-
-    def _network_errors(self, tenant: Tenant, sub: Submission) -> list[FieldError]:
-        allow = list(sub.network.get("allow", []))
-        if not allow and not sub.secrets:
-            return []
-        if self.network is None:
-            # Fail closed: without an egress proxy a job asking for network is refused, never
-            # run under a policy other than the one it asked for.
-            return [FieldError("network.allow", "egress is not enabled on this server")]
-        errors = self.network.check(allow, sub.secrets)
-        names = [str(spec.get("name", "")) for spec in sub.secrets]
-        missing = set(self.secret_names_missing(tenant.id, names))
-        errors += [
-            FieldError(f"secrets.{i}.name", "no such secret; create it with POST /v1/secrets")
-            for i, name in enumerate(names)
-            if name in missing
-        ]
-        return errors
 
     # read
 

@@ -2,6 +2,7 @@
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     Column,
     Float,
     ForeignKey,
@@ -122,6 +123,7 @@ workers = Table(
     Column("started_at", Float, nullable=False),
     Column("seen_at", Float, nullable=False),
     Column("stopped_at", Float),
+    Column("url", String(255)),  # where API replicas reach this worker's session host
 )
 
 rate_buckets = Table(
@@ -155,4 +157,26 @@ secrets = Table(
     Column("ciphertext", LargeBinary, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+)
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("tenant_id", String(64), ForeignKey("tenants.id"), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("spec", JSON, nullable=False),
+    Column("worker_id", String(64)),
+    Column("created_at", Float, nullable=False),
+    Column("last_used_at", Float, nullable=False),
+    Column("expires_at", Float, nullable=False),
+    Column("idle_timeout_s", Float, nullable=False),
+    Column("paused_at", Float),
+    Column("memory_kept", Boolean),
+    Column("stopped_at", Float),
+    Column("reason", String(32)),
+    Column("detail", Text, nullable=False, default=""),
+    Column("executions", Integer, nullable=False, default=0),
+    Index("sessions_by_tenant", "tenant_id", "created_at"),
+    Index("sessions_by_state", "state"),
 )

@@ -41,6 +41,7 @@ from sandcell.domain.records import (
     Tenant,
     WorkerInfo,
 )
+from sandcell.domain.sessions import Session, SessionState
 from sandcell.domain.states import JobState, Reason
 from sandcell.store.migrate import migrate
 from sandcell.store.schema import (
@@ -53,11 +54,13 @@ from sandcell.store.schema import (
     jobs,
     rate_buckets,
     secrets,
+    sessions,
     tenants,
     workers,
 )
 
 ACTIVE = (JobState.ACCEPTED.value, JobState.RUNNING.value)
+LIVE_SESSION_STATES = ("starting", "running", "paused")
 PHASES = {  # how long a job spent: waiting, becoming ready, running
     "queue": ("accepted_at", "claimed_at"),
     "start": ("claimed_at", "started_at"),
@@ -225,6 +228,13 @@ def _take_token(
         )
     else:
         conn.execute(update(rate_buckets).where(key).values(tokens=tokens - 1, updated_at=now))
+
+
+def _session_from_row(row: Any) -> Session:
+    values = dict(row._mapping)
+    values["state"] = SessionState(values["state"])
+    values["detail"] = values.get("detail") or ""
+    return Session(**values)
 
 
 class SqlStore:
@@ -625,7 +635,7 @@ class SqlStore:
     def worker_seen(self, worker: WorkerInfo, at: float) -> None:
         with self._tx() as conn:
             result = conn.execute(
-                update(workers).where(workers.c.id == worker.id).values(seen_at=at)
+                update(workers).where(workers.c.id == worker.id).values(seen_at=at, url=worker.url)
             )
             if result.rowcount == 0:
                 conn.execute(insert(workers).values(**asdict(worker), seen_at=at))
@@ -640,7 +650,7 @@ class SqlStore:
         )
         with self._read() as conn:
             return [
-                WorkerInfo(r.id, r.host, r.runtime, r.runtime_version, r.started_at)
+                WorkerInfo(r.id, r.host, r.runtime, r.runtime_version, r.started_at, r.url)
                 for r in conn.execute(query)
             ]
 
@@ -690,6 +700,58 @@ class SqlStore:
                 delete(secrets).where(secrets.c.tenant_id == tenant_id, secrets.c.name == name)
             )
         return result.rowcount == 1
+
+    # sessions
+
+    def add_session(self, session: Session) -> None:
+        values = {k: v for k, v in asdict(session).items() if k != "extra"}
+        values["state"] = session.state.value
+        with self._tx() as conn:
+            conn.execute(insert(sessions).values(**values))
+
+    def get_session(self, tenant_id: str | None, session_id: str) -> Session | None:
+        query = select(sessions).where(sessions.c.id == session_id)
+        if tenant_id is not None:
+            query = query.where(sessions.c.tenant_id == tenant_id)
+        with self._read() as conn:
+            row = conn.execute(query).first()
+        return _session_from_row(row) if row else None
+
+    def update_session(self, session_id: str, **values: Any) -> None:
+        if isinstance(values.get("state"), SessionState):
+            values["state"] = values["state"].value
+        with self._tx() as conn:
+            conn.execute(update(sessions).where(sessions.c.id == session_id).values(**values))
+
+    def touch_session(self, session_id: str, at: float) -> None:
+        with self._tx() as conn:
+            conn.execute(
+                update(sessions)
+                .where(sessions.c.id == session_id)
+                .values(last_used_at=at, executions=sessions.c.executions + 1)
+            )
+
+    def list_sessions(self, tenant_id: str, live_only: bool, limit: int) -> list[Session]:
+        query = select(sessions).where(sessions.c.tenant_id == tenant_id)
+        if live_only:
+            query = query.where(sessions.c.state.in_(LIVE_SESSION_STATES))
+        query = query.order_by(sessions.c.created_at.desc()).limit(limit)
+        with self._read() as conn:
+            return [_session_from_row(row) for row in conn.execute(query)]
+
+    def sessions_of_worker(self, worker_id: str, states: list[SessionState]) -> list[Session]:
+        query = select(sessions).where(
+            sessions.c.worker_id == worker_id, sessions.c.state.in_([s.value for s in states])
+        )
+        with self._read() as conn:
+            return [_session_from_row(row) for row in conn.execute(query)]
+
+    def count_live_sessions(self, tenant_id: str) -> int:
+        query = select(func.count()).where(
+            sessions.c.tenant_id == tenant_id, sessions.c.state.in_(LIVE_SESSION_STATES)
+        )
+        with self._read() as conn:
+            return int(conn.execute(query).scalar_one())
 
     # audit
 
