@@ -1,4 +1,5 @@
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,14 +13,17 @@ from sandcell.api.app import create_app
 from sandcell.api.deps import Services
 from sandcell.artifacts.filesystem import FilesystemBlobStore
 from sandcell.domain.limits import Limits
+from sandcell.domain.records import WorkerInfo
 from sandcell.egress.validation import EgressValidator
 from sandcell.services.auth import AuthService
 from sandcell.services.files import FileService
 from sandcell.services.jobs import JobPolicy, JobService
 from sandcell.services.secrets import SecretService
+from sandcell.services.session_host import LocalSessionHost
+from sandcell.services.sessions import SessionPolicy, SessionService
 from sandcell.store.sql import SqlStore, prepare_sqlite
 from sandcell.vault.fernet import FernetCipher
-from tests.fakes import FakeImages
+from tests.fakes import FakeImages, FakeSessionRuntime, InProcessHosts
 
 ADMIN_KEY = "test-admin-key-0123456789"
 
@@ -30,6 +34,8 @@ class Api:
     services: Services
     blobs: FilesystemBlobStore
     tmp: Path
+    session_host: LocalSessionHost
+    session_runtime: FakeSessionRuntime
 
     def tenant(self, name: str) -> dict[str, str]:
         """A new tenant's Authorization header."""
@@ -53,11 +59,26 @@ def api(tmp_path: Path) -> Iterator[Api]:
     blobs = FilesystemBlobStore(tmp_path / "blobs")
     images = FakeImages("python")
     policy = JobPolicy("python", Limits(), Limits(timeout_s=600, memory_mb=4096), 86400)
+    jobs = JobService(store, blobs, images, policy, EgressValidator())
+    session_runtime = FakeSessionRuntime()
+    host = LocalSessionHost(store, session_runtime, images, tmp_path / "sessions", "wrk_local")
+    store.worker_seen(
+        WorkerInfo("wrk_local", "here", "fake", "1", time.time(), "inproc"), time.time()
+    )
+    sessions = SessionService(
+        store,
+        InProcessHosts(host),
+        jobs.check,
+        policy,
+        SessionPolicy(default_image="python", idle_timeout_s=60),
+        b"p" * 32,
+    )
     services = Services(
         store=store,
         images=images,
         auth=AuthService(store, ADMIN_KEY),
-        jobs=JobService(store, blobs, images, policy, EgressValidator()),
+        jobs=jobs,
+        sessions=sessions,
         files=FileService(store, blobs, b"k" * 32, 1024 * 1024),
         secrets=SecretService(store, FernetCipher(Fernet.generate_key())),
         signed_url_ttl_s=60,
@@ -67,7 +88,7 @@ def api(tmp_path: Path) -> Iterator[Api]:
         services, max_json_bytes=256 * 1024, max_upload_bytes=1024 * 1024 + 4096, max_depth=16
     )
     with TestClient(app, raise_server_exceptions=False) as http:
-        yield Api(http, services, blobs, tmp_path)
+        yield Api(http, services, blobs, tmp_path, host, session_runtime)
 
 
 def is_root() -> bool:

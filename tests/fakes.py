@@ -12,6 +12,7 @@ from sandcell.domain.images import Image
 from sandcell.domain.states import Reason
 from sandcell.ports.egress import EgressAttachment, SecretBinding
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
+from sandcell.ports.sessions import SessionSpec
 
 FAKE_IMAGE = Image("python", "test", "sha256:" + "0" * 64, Path("/"), "/usr/bin/python3.11")
 
@@ -101,3 +102,74 @@ class FakeEgress:
         session = FakeEgressSession(self.root, allow, secrets)
         self.sessions.append(session)
         return session
+
+
+class FakeSessionSandbox:
+    """Executes trusted test code in-process; enough to test the session service's logic."""
+
+    def __init__(self, spec: SessionSpec) -> None:
+        self.sandbox_id = spec.sandbox_id
+        self.workspace = spec.state_dir / "workspace"
+        self.workspace.mkdir(parents=True, exist_ok=True)
+        self.namespace: dict[str, object] = {}
+        self.stopped = False
+
+    def execute(self, code: str, timeout_s: float, on_event: object = None) -> dict[str, object]:
+        import contextlib
+        import io
+
+        out = io.StringIO()
+        error = None
+        with contextlib.redirect_stdout(out):
+            try:
+                exec(code, self.namespace)
+            except Exception as exc:
+                error = {"ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+        return {
+            "stdout": out.getvalue(),
+            "stderr": "",
+            "result": None,
+            "display": [],
+            "error": error,
+            "timed_out": False,
+            "interrupted": False,
+        }
+
+    def interrupt(self) -> None:
+        return None
+
+    def memory_bytes(self) -> int:
+        return 1
+
+    def pause(self) -> bool:
+        self.stopped = True
+        return False
+
+    def stop(self) -> bool:
+        self.stopped = True
+        return True
+
+    def http(self, port: int, method: str, target: str, headers: object, body: bytes) -> tuple:
+        return 200, [("Content-Type", "text/plain")], f"{method} {target} on {port}".encode()
+
+
+class FakeSessionRuntime:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.sandboxes: list[FakeSessionSandbox] = []
+
+    def start(self, spec: SessionSpec) -> FakeSessionSandbox:
+        self.sandboxes.append(FakeSessionSandbox(spec))
+        return self.sandboxes[-1]
+
+    def resume(self, spec: SessionSpec) -> FakeSessionSandbox:
+        return self.start(spec)
+
+
+class InProcessHosts:
+    def __init__(self, host: object) -> None:
+        self._host = host
+
+    def host(self, worker: object) -> object:
+        return self._host

@@ -14,11 +14,13 @@ from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.egress.validation import EgressValidator
 from sandcell.ports.runtime import Runtime
 from sandcell.ports.secrets import NetworkValidator
+from sandcell.remote.session_client import HttpSessionHosts
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.services.auth import AuthService
 from sandcell.services.files import FileService
 from sandcell.services.jobs import JobPolicy, JobService
 from sandcell.services.secrets import SecretService
+from sandcell.services.sessions import SessionPolicy, SessionService
 from sandcell.services.worker import Worker, WorkerConfig, new_worker_id
 from sandcell.settings import Settings
 from sandcell.store.sql import SqlStore, prepare_sqlite
@@ -41,15 +43,25 @@ def build_store(settings: Settings) -> SqlStore:
 
 def signing_key(settings: Settings) -> bytes:
     """The HMAC key for signed URLs: configured, or made once and kept in the data dir."""
-    if settings.signing_key:
-        return settings.signing_key.encode()
-    path = settings.data_dir / "signing.key"
+    return (settings.signing_key or _key_file(settings, "signing.key")).encode()
+
+
+def _key_file(settings: Settings, name: str) -> str:
+    """A random key made once (0600) in the data dir and shared by every local process."""
+    path = settings.data_dir / name
     if not path.exists():
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return path.read_text().strip()
         with os.fdopen(fd, "w") as out:
             out.write(secrets.token_hex(32))
-    return path.read_text().strip().encode()
+    return path.read_text().strip()
+
+
+def internal_token(settings: Settings) -> str:
+    return settings.internal_token or _key_file(settings, "internal.token")
 
 
 def secret_cipher(settings: Settings) -> FernetCipher:
@@ -73,11 +85,21 @@ def build_services(settings: Settings) -> Services:
         idempotency_ttl_s=settings.idempotency_ttl_s,
         quotas=settings.quotas,
     )
+    jobs = JobService(store, blobs, images, policy, network_validator(settings))
+    sessions = SessionService(
+        store,
+        HttpSessionHosts(internal_token(settings)),
+        jobs.check,
+        policy,
+        SessionPolicy(),
+        signing_key(settings),
+    )
     return Services(
         store=store,
         images=images,
         auth=AuthService(store, settings.admin_key),
-        jobs=JobService(store, blobs, images, policy, network_validator(settings)),
+        jobs=jobs,
+        sessions=sessions,
         files=FileService(store, blobs, signing_key(settings), settings.max_file_bytes),
         secrets=SecretService(store, secret_cipher(settings)),
         signed_url_ttl_s=settings.signed_url_ttl_s,

@@ -19,6 +19,8 @@ class Settings(BaseSettings):
     port: int = 8080
     admin_key: str = Field(default="", repr=False)
     signing_key: str = Field(default="", repr=False)  # empty: generated once into data_dir
+    internal_token: str = Field(default="", repr=False)  # API → worker; empty: made in data_dir
+    worker_listen: str = "127.0.0.1:0"  # the worker's internal session endpoint
     secrets_key: str = Field(default="", repr=False)  # Fernet key; empty: made in data_dir
     egress: bool = True  # jobs may ask for network through the egress proxy
     egress_allowed_networks: list[str] = []  # operator: private ranges the proxy may reach

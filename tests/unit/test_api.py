@@ -229,6 +229,7 @@ def test_readiness_needs_the_store_the_image_and_a_live_worker(api: Api) -> None
     from sandcell.domain.records import WorkerInfo
 
     assert api.http.get("/healthz").status_code == 200
+    api.services.store.worker_stopped("wrk_local", time.time())
     not_ready = api.http.get("/readyz")
     assert not_ready.status_code == 503 and not_ready.json()["checks"]["runtime"] is False
     info = WorkerInfo("wrk_1", "host", "gvisor", "runsc 1", time.time())

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import make_asgi_app
 
 from sandcell import __version__
-from sandcell.api import admin, problems, routes
+from sandcell.api import admin, problems, routes, session_routes
 from sandcell.api.deps import Services
 from sandcell.api.metrics import registry_for
 from sandcell.api.requests import RequestLog
@@ -26,7 +26,9 @@ def create_app(
     app.state.services = services
     problems.install(app)
     app.include_router(routes.router)
+    app.include_router(session_routes.router)
     app.include_router(admin.router)
+    app.state.max_upload_bytes = max_upload_bytes
     app.add_middleware(
         problems.BodyGuard,
         max_json_bytes=max_json_bytes,

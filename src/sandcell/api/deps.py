@@ -12,6 +12,7 @@ from sandcell.services.auth import AuthService, Principal
 from sandcell.services.files import FileService
 from sandcell.services.jobs import JobService
 from sandcell.services.secrets import SecretService
+from sandcell.services.sessions import SessionService
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class Services:
     jobs: JobService
     files: FileService
     secrets: SecretService
+    sessions: SessionService
     signed_url_ttl_s: float
     default_image: str
 

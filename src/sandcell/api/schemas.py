@@ -215,3 +215,84 @@ class SecretOut(BaseModel):
 
 class SecretPage(BaseModel):
     items: list[SecretOut]
+
+
+class SessionIn(Strict):
+    image: str | None = Field(None, max_length=64, pattern=r"^[a-z0-9][a-z0-9.-]*$")
+    limits: LimitsIn = Field(default_factory=LimitsIn)
+    network: NetworkIn = Field(default_factory=NetworkIn)
+    secrets: list[SecretIn] = Field(default_factory=list, max_length=16)
+    env: Annotated[dict[str, str], AfterValidator(_env)] = Field(
+        default_factory=dict, max_length=128
+    )
+    idle_timeout_s: float | None = Field(None, gt=0, description="stop after this long unused")
+    ttl_s: float | None = Field(None, gt=0, description="hard limit on the session's life")
+
+
+class SessionOut(BaseModel):
+    id: str
+    state: str
+    image: str
+    limits: dict[str, float]
+    network: dict[str, Any]
+    created_at: str
+    last_used_at: str
+    expires_at: str
+    idle_timeout_s: float
+    paused_at: str | None
+    memory_kept: bool | None = Field(description="after pause: was process memory kept?")
+    pause_mode: str | None = Field(description="'memory' (checkpoint) or 'workspace' (files)")
+    stopped_at: str | None
+    reason: str | None
+    detail: str
+    executions: int
+
+
+class SessionPage(BaseModel):
+    items: list[SessionOut]
+
+
+class ExecuteIn(Strict):
+    code: Text = Field(max_length=1_000_000)
+    timeout_s: float = Field(60.0, gt=0, le=3600, description="the cell is interrupted after")
+
+
+class DisplayOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    mime: str
+    data: str = Field(description="text, or base64 for binary types such as image/png")
+
+
+class CellError(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    ename: str
+    evalue: str
+    traceback: list[str]
+
+
+class ExecuteOut(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    stdout: str
+    stderr: str
+    result: str | None
+    display: list[DisplayOut]
+    error: CellError | None
+    execution_count: int | None = None
+    duration_ms: float | None = None
+    timed_out: bool = False
+    interrupted: bool = False
+
+
+class FileEntry(BaseModel):
+    name: str
+    type: str
+    size: int
+
+
+class FileList(BaseModel):
+    items: list[FileEntry]
+
+
+class PreviewUrlOut(BaseModel):
+    url: str
+    expires_at: str

@@ -1,0 +1,169 @@
+"""Session routes: a stateful interpreter, cell by cell; files; pause/resume; previews."""
+
+from typing import Annotated, Any
+
+from anyio import to_thread
+from fastapi import APIRouter, Path, Query, Request, Response
+
+from sandcell.api.deps import Caller, Svc
+from sandcell.api.schemas import (
+    ExecuteIn,
+    ExecuteOut,
+    FileEntry,
+    FileList,
+    PreviewUrlOut,
+    SessionIn,
+    SessionOut,
+    SessionPage,
+)
+from sandcell.api.views import iso
+from sandcell.domain.errors import PayloadTooLarge
+from sandcell.domain.sessions import Session
+from sandcell.services.sessions import SessionRequest
+
+router = APIRouter(prefix="/v1", tags=["sessions"])
+HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "host",
+}
+# A preview is the guest's content on our origin: run it in an opaque origin so its scripts
+# cannot read anything the API's pages keep (for example a key in sessionStorage).
+PREVIEW_CSP = "sandbox allow-scripts allow-forms allow-popups allow-modals"
+
+
+def session_out(session: Session) -> SessionOut:
+    kept = session.memory_kept
+    return SessionOut(
+        id=session.id,
+        state=session.state.value,
+        image=session.spec["image"],
+        limits=session.spec["limits"],
+        network=session.spec.get("network", {}),
+        created_at=iso(session.created_at) or "",
+        last_used_at=iso(session.last_used_at) or "",
+        expires_at=iso(session.expires_at) or "",
+        idle_timeout_s=session.idle_timeout_s,
+        paused_at=iso(session.paused_at),
+        memory_kept=kept,
+        pause_mode=None if kept is None else ("memory" if kept else "workspace"),
+        stopped_at=iso(session.stopped_at),
+        reason=session.reason,
+        detail=session.detail,
+        executions=session.executions,
+    )
+
+
+@router.post("/sessions", status_code=201, response_model=SessionOut)
+def create_session(svc: Svc, who: Caller, body: SessionIn) -> SessionOut:
+    request = SessionRequest(
+        image=body.image,
+        limits=body.limits.model_dump(exclude_none=True),
+        env=body.env,
+        network=body.network.model_dump(),
+        secrets=[s.model_dump() for s in body.secrets],
+        idle_timeout_s=body.idle_timeout_s,
+        ttl_s=body.ttl_s,
+    )
+    return session_out(svc.sessions.create(who, request))
+
+
+@router.get("/sessions", response_model=SessionPage)
+def list_sessions(svc: Svc, who: Caller, live: bool = False) -> SessionPage:
+    return SessionPage(items=[session_out(s) for s in svc.sessions.list_sessions(who, live)])
+
+
+@router.get("/sessions/{session_id}", response_model=SessionOut)
+def get_session(svc: Svc, who: Caller, session_id: str) -> SessionOut:
+    return session_out(svc.sessions.get(who, session_id))
+
+
+@router.delete("/sessions/{session_id}", response_model=SessionOut)
+def stop_session(svc: Svc, who: Caller, session_id: str) -> SessionOut:
+    return session_out(svc.sessions.stop(who, session_id))
+
+
+@router.post("/sessions/{session_id}/execute", response_model=ExecuteOut)
+def execute(svc: Svc, who: Caller, session_id: str, body: ExecuteIn) -> dict[str, Any]:
+    return svc.sessions.execute(who, session_id, body.code, body.timeout_s)
+
+
+@router.post("/sessions/{session_id}/interrupt", status_code=202)
+def interrupt(svc: Svc, who: Caller, session_id: str) -> dict[str, bool]:
+    svc.sessions.interrupt(who, session_id)
+    return {"interrupted": True}
+
+
+@router.post("/sessions/{session_id}/pause", response_model=SessionOut)
+def pause(svc: Svc, who: Caller, session_id: str) -> SessionOut:
+    return session_out(svc.sessions.pause(who, session_id))
+
+
+@router.post("/sessions/{session_id}/resume", response_model=SessionOut)
+def resume(svc: Svc, who: Caller, session_id: str) -> SessionOut:
+    return session_out(svc.sessions.resume(who, session_id))
+
+
+@router.get("/sessions/{session_id}/files", response_model=FileList)
+def list_files(
+    svc: Svc, who: Caller, session_id: str, path: Annotated[str, Query(max_length=1024)] = ""
+) -> FileList:
+    entries = svc.sessions.list_files(who, session_id, path)
+    return FileList(items=[FileEntry(**entry) for entry in entries])
+
+
+@router.put("/sessions/{session_id}/files/{path:path}")
+async def upload(svc: Svc, who: Caller, session_id: str, path: str, request: Request) -> Any:
+    """Write the request body to /workspace/{path}."""
+    content = await request.body()
+    if len(content) > request.app.state.max_upload_bytes:
+        raise PayloadTooLarge("the file is too large")
+    size = await to_thread.run_sync(svc.sessions.put_file, who, session_id, path, content)
+    return {"path": path, "size": size}
+
+
+@router.get(
+    "/sessions/{session_id}/files/{path:path}",
+    responses={200: {"content": {"application/octet-stream": {}}}},
+    response_class=Response,
+)
+def download(svc: Svc, who: Caller, session_id: str, path: str) -> Response:
+    content = svc.sessions.get_file(who, session_id, path)
+    return Response(
+        content,
+        media_type="application/octet-stream",
+        headers={"X-Content-Type-Options": "nosniff", "Content-Disposition": "attachment"},
+    )
+
+
+@router.post("/sessions/{session_id}/ports/{port}/url", response_model=PreviewUrlOut)
+def preview_url(
+    svc: Svc, who: Caller, session_id: str, port: Annotated[int, Path(ge=1, le=65535)]
+) -> PreviewUrlOut:
+    token, expires = svc.sessions.preview_token(who, session_id, port)
+    return PreviewUrlOut(url=f"/v1/previews/{token}/", expires_at=iso(expires) or "")
+
+
+@router.api_route(
+    "/previews/{token}/{path:path}",
+    methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"],
+    include_in_schema=False,
+)
+async def preview(svc: Svc, token: str, path: str, request: Request) -> Response:
+    """Relay to the session's port; the token in the URL is the credential."""
+    target = "/" + path + (f"?{request.url.query}" if request.url.query else "")
+    headers = [(k, v) for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP]
+    body = await request.body()
+    status, reply_headers, content = await to_thread.run_sync(
+        svc.sessions.preview, token, request.method, target, headers, body
+    )
+    kept = {k: v for k, v in reply_headers if k.lower() not in HOP_BY_HOP}
+    kept |= {"Content-Security-Policy": PREVIEW_CSP, "X-Content-Type-Options": "nosniff"}
+    return Response(content, status_code=status, headers=kept)

@@ -1,0 +1,1 @@
+"""Adapters that reach other sandcell processes over HTTP."""

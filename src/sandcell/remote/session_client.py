@@ -1,0 +1,118 @@
+"""HttpSessionHost: the API's view of a worker's session host, over the internal endpoint."""
+
+import base64
+from typing import Any
+
+import httpx
+
+from sandcell.domain import errors as e
+from sandcell.domain.records import WorkerInfo
+from sandcell.domain.sessions import Session
+from sandcell.ports.session_hosts import HttpReply
+from sandcell.ports.sessions import CellResult
+
+TOKEN_HEADER = "X-Sandcell-Internal"
+ERRORS: dict[int, type[e.SandcellError]] = {
+    401: e.RuntimeUnavailable,  # our token was refused: a misconfigured deployment
+    404: e.NotFound,
+    409: e.Conflict,
+    413: e.PayloadTooLarge,
+    422: e.InvalidRequest,
+    503: e.RuntimeUnavailable,
+}
+
+
+class HttpSessionHost:
+    def __init__(self, url: str, token: str, timeout_s: float = 60.0) -> None:
+        self._http = httpx.Client(base_url=url, headers={TOKEN_HEADER: token}, timeout=timeout_s)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise e.RuntimeUnavailable("the worker holding this session did not answer") from exc
+        if response.status_code >= 400:
+            detail = _detail(response)
+            raise ERRORS.get(response.status_code, e.SandcellError)(detail)
+        return response
+
+    def start(self, session: Session) -> None:
+        self._call("POST", f"/internal/sessions/{session.id}/start")
+
+    def resume(self, session: Session) -> None:
+        self._call("POST", f"/internal/sessions/{session.id}/resume")
+
+    def execute(self, session_id: str, code: str, timeout_s: float) -> CellResult:
+        body = {"code": code, "timeout_s": timeout_s}
+        timeout = httpx.Timeout(timeout_s + 30)
+        result: CellResult = self._call(
+            "POST", f"/internal/sessions/{session_id}/execute", json=body, timeout=timeout
+        ).json()
+        return result
+
+    def interrupt(self, session_id: str) -> None:
+        self._call("POST", f"/internal/sessions/{session_id}/interrupt")
+
+    def pause(self, session_id: str) -> bool:
+        answer = self._call("POST", f"/internal/sessions/{session_id}/pause").json()
+        return bool(answer["memory_kept"])
+
+    def stop(self, session_id: str, reason: str) -> None:
+        self._call("POST", f"/internal/sessions/{session_id}/stop", params={"reason": reason})
+
+    def put_file(self, session_id: str, path: str, content: bytes) -> int:
+        answer = self._call(
+            "PUT", f"/internal/sessions/{session_id}/files", params={"path": path}, content=content
+        ).json()
+        return int(answer["size"])
+
+    def get_file(self, session_id: str, path: str) -> bytes:
+        return self._call(
+            "GET", f"/internal/sessions/{session_id}/files", params={"path": path}
+        ).content
+
+    def list_files(self, session_id: str, path: str) -> list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = self._call(
+            "GET", f"/internal/sessions/{session_id}/list", params={"path": path}
+        ).json()
+        return entries
+
+    def http(
+        self,
+        session_id: str,
+        port: int,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> HttpReply:
+        request = {
+            "port": port,
+            "method": method,
+            "target": target,
+            "headers": headers,
+            "body": base64.b64encode(body).decode(),
+        }
+        answer = self._call("POST", f"/internal/sessions/{session_id}/http", json=request).json()
+        pairs = [(str(k), str(v)) for k, v in answer["headers"]]
+        return int(answer["status"]), pairs, base64.b64decode(answer["body"])
+
+
+class HttpSessionHosts:
+    def __init__(self, token: str) -> None:
+        self.token = token
+        self._hosts: dict[str, HttpSessionHost] = {}
+
+    def host(self, worker: WorkerInfo) -> HttpSessionHost:
+        if worker.url is None:
+            raise e.RuntimeUnavailable("this worker runs no sessions")
+        if worker.url not in self._hosts:
+            self._hosts[worker.url] = HttpSessionHost(worker.url, self.token)
+        return self._hosts[worker.url]
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        return str(response.json().get("detail", response.text[:300]))
+    except ValueError:
+        return response.text[:300]

@@ -1,0 +1,223 @@
+"""The worker's side of sessions: the live sandboxes, their lifecycle, idle and TTL reaping."""
+
+import logging
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sandcell.domain.errors import Conflict, SandcellError
+from sandcell.domain.limits import Limits
+from sandcell.domain.sessions import Session, SessionState
+from sandcell.ports.egress import Egress, EgressSession, SecretBinding
+from sandcell.ports.images import ImageCatalog
+from sandcell.ports.session_hosts import HttpReply
+from sandcell.ports.sessions import CellResult, SessionRuntime, SessionSandbox, SessionSpec
+from sandcell.ports.store import Store
+from sandcell.services import workspace_files
+from sandcell.services.secrets import SecretService
+from sandcell.services.worker import BASE_ENV, image_ca_bundle
+
+log = logging.getLogger("sandcell.sessions")
+MAX_DOWNLOAD = 256 * 1024 * 1024
+
+
+@dataclass
+class LiveSession:
+    sandbox: SessionSandbox
+    egress: EgressSession | None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class LocalSessionHost:
+    """Owns the session sandboxes of one worker; every state change is written to the store."""
+
+    def __init__(
+        self,
+        store: Store,
+        runtime: SessionRuntime,
+        images: ImageCatalog,
+        state_root: Path,
+        worker_id: str,
+        egress: Egress | None = None,
+        secrets: SecretService | None = None,
+    ) -> None:
+        self.store, self.runtime, self.images = store, runtime, images
+        self.state_root, self.worker_id = state_root, worker_id
+        self.egress, self.secrets = egress, secrets
+        self._live: dict[str, LiveSession] = {}
+        self._lock = threading.Lock()
+
+    # lifecycle
+
+    def start(self, session: Session) -> None:
+        self._launch(session, resume=False)
+
+    def resume(self, session: Session) -> None:
+        if session.state is not SessionState.PAUSED:
+            raise Conflict(f"the session is {session.state.value}, not paused")
+        self._launch(session, resume=True)
+
+    def _launch(self, session: Session, resume: bool) -> None:
+        egress = self._egress_for(session)
+        try:
+            spec = self._spec(session, egress)
+            sandbox = self.runtime.resume(spec) if resume else self.runtime.start(spec)
+        except Exception as exc:
+            if egress is not None:
+                egress.close()
+            detail = exc.detail if isinstance(exc, SandcellError) else "the sandbox did not start"
+            self.store.update_session(
+                session.id,
+                state=SessionState.FAILED,
+                reason="error",
+                detail=detail,
+                stopped_at=time.time(),
+            )
+            raise
+        with self._lock:
+            self._live[session.id] = LiveSession(sandbox, egress)
+        self.store.update_session(
+            session.id,
+            state=SessionState.RUNNING,
+            worker_id=self.worker_id,
+            last_used_at=time.time(),
+            paused_at=None,
+        )
+
+    def _spec(self, session: Session, egress: EgressSession | None) -> SessionSpec:
+        image = self.images.get(session.spec["image"])
+        env = BASE_ENV | {"SANDCELL_SESSION_ID": session.id} | session.spec.get("env", {})
+        state_dir = self.state_root / session.id
+        state_dir.mkdir(parents=True, exist_ok=True)
+        return SessionSpec(
+            sandbox_id=f"{session.id}-{time.time_ns() % 10**9}",
+            image=image,
+            env=env | (egress.env() if egress else {}),
+            limits=Limits(**session.spec["limits"]),
+            state_dir=state_dir,
+            egress=egress.attachment if egress else None,
+        )
+
+    def _egress_for(self, session: Session) -> EgressSession | None:
+        allow = list(session.spec.get("network", {}).get("allow", []))
+        if not allow:
+            return None
+        if self.egress is None:
+            raise Conflict("this worker has no egress proxy")
+        specs = session.spec.get("secrets", [])
+        names = [str(spec["name"]) for spec in specs]
+        values = self.secrets.values(session.tenant_id, names) if self.secrets and names else {}
+        bindings = [SecretBinding(spec, values[str(spec["name"])]) for spec in specs]
+        image = self.images.get(session.spec["image"])
+        return self.egress.open(session.id, allow, bindings, image_ca_bundle(image))
+
+    def pause(self, session_id: str) -> bool:
+        live = self._take(session_id)
+        with live.lock:
+            kept = live.sandbox.pause()
+        if live.egress is not None:
+            live.egress.close()
+        self.store.update_session(
+            session_id, state=SessionState.PAUSED, paused_at=time.time(), memory_kept=kept
+        )
+        return kept
+
+    def stop(self, session_id: str, reason: str) -> None:
+        with self._lock:
+            live = self._live.pop(session_id, None)
+        if live is not None:
+            live.sandbox.interrupt()
+            with live.lock:
+                live.sandbox.stop()
+            if live.egress is not None:
+                live.egress.close()
+        shutil.rmtree(self.state_root / session_id, ignore_errors=True)
+        self.store.update_session(
+            session_id, state=SessionState.STOPPED, reason=reason, stopped_at=time.time()
+        )
+
+    # cells
+
+    def execute(self, session_id: str, code: str, timeout_s: float) -> CellResult:
+        live = self._get(session_id)
+        with live.lock:
+            result = live.sandbox.execute(code, timeout_s)
+        self.store.touch_session(session_id, time.time())
+        return result
+
+    def interrupt(self, session_id: str) -> None:
+        self._get(session_id).sandbox.interrupt()
+
+    def http(
+        self,
+        session_id: str,
+        port: int,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+    ) -> HttpReply:
+        sandbox: Any = self._get(session_id).sandbox
+        reply: HttpReply = sandbox.http(port, method, target, headers, body)
+        return reply
+
+    # files
+
+    def put_file(self, session_id: str, path: str, content: bytes) -> int:
+        return workspace_files.write_file(self._get(session_id).sandbox.workspace, path, content)
+
+    def get_file(self, session_id: str, path: str) -> bytes:
+        workspace = self._get(session_id).sandbox.workspace
+        return workspace_files.read_file(workspace, path, MAX_DOWNLOAD)
+
+    def list_files(self, session_id: str, path: str) -> list[dict[str, Any]]:
+        return workspace_files.list_dir(self._get(session_id).sandbox.workspace, path)
+
+    # housekeeping
+
+    def reap(self, now: float) -> list[str]:
+        """Stop sessions past their idle timeout or hard TTL; return their ids."""
+        stopped = []
+        for session in self.store.sessions_of_worker(
+            self.worker_id, [SessionState.RUNNING, SessionState.PAUSED]
+        ):
+            reason = _expiry_reason(session, now)
+            if reason:
+                self.stop(session.id, reason)
+                stopped.append(session.id)
+        return stopped
+
+    def stop_all(self, reason: str) -> None:
+        with self._lock:
+            ids = list(self._live)
+        for session_id in ids:
+            try:
+                self.stop(session_id, reason)
+            except Exception:
+                log.exception("session %s did not stop cleanly", session_id)
+
+    def _get(self, session_id: str) -> LiveSession:
+        with self._lock:
+            live = self._live.get(session_id)
+        if live is None:
+            raise Conflict("the session is not running")
+        return live
+
+    def _take(self, session_id: str) -> LiveSession:
+        with self._lock:
+            live = self._live.pop(session_id, None)
+        if live is None:
+            raise Conflict("the session is not running")
+        return live
+
+
+def _expiry_reason(session: Session, now: float) -> str | None:
+    if now >= session.expires_at:
+        return "ttl"
+    idle = session.state is SessionState.RUNNING
+    if idle and now - session.last_used_at >= session.idle_timeout_s:
+        return "idle_timeout"
+    return None

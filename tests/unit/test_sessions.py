@@ -1,0 +1,110 @@
+"""Session service logic over a fake session runtime: lifecycle, quotas, files, previews."""
+
+import time
+
+from tests.conftest import ADMIN_KEY, Api
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+
+
+def _start(api: Api, headers: dict[str, str], **body: object) -> dict:
+    answer = api.http.post("/v1/sessions", json=body, headers=headers)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def test_a_session_keeps_state_across_cells_and_another_tenant_sees_404(api: Api) -> None:
+    alice, bob = api.tenant("alice"), api.tenant("bob")
+    session = _start(api, alice)
+    assert session["state"] == "running" and session["image"] == "python"
+    sid = session["id"]
+    api.http.post(f"/v1/sessions/{sid}/execute", json={"code": "x = 41"}, headers=alice)
+    cell = api.http.post(
+        f"/v1/sessions/{sid}/execute", json={"code": "print(x + 1)"}, headers=alice
+    )
+    assert cell.json()["stdout"] == "42\n"
+    for method, path in [
+        ("GET", f"/v1/sessions/{sid}"),
+        ("POST", f"/v1/sessions/{sid}/execute"),
+        ("POST", f"/v1/sessions/{sid}/pause"),
+        ("DELETE", f"/v1/sessions/{sid}"),
+        ("GET", f"/v1/sessions/{sid}/files"),
+        ("POST", f"/v1/sessions/{sid}/ports/8000/url"),
+    ]:
+        answer = api.http.request(method, path, json={"code": "1"}, headers=bob)
+        assert answer.status_code == 404, (method, path, answer.text)
+    assert api.http.get(f"/v1/sessions/{sid}", headers=alice).json()["executions"] == 2
+
+
+def test_files_go_in_and_out_of_the_workspace_and_never_escape_it(api: Api) -> None:
+    alice = api.tenant("alice")
+    sid = _start(api, alice)["id"]
+    put = api.http.put(f"/v1/sessions/{sid}/files/data/in.csv", content=b"a,b\n", headers=alice)
+    assert put.status_code == 200 and put.json()["size"] == 4
+    listing = api.http.get(f"/v1/sessions/{sid}/files", params={"path": "data"}, headers=alice)
+    assert listing.json()["items"] == [{"name": "in.csv", "type": "file", "size": 4}]
+    got = api.http.get(f"/v1/sessions/{sid}/files/data/in.csv", headers=alice)
+    assert got.content == b"a,b\n"
+    workspace = api.session_runtime.sandboxes[-1].workspace
+    (workspace / "link").symlink_to("/etc/passwd")
+    assert api.http.get(f"/v1/sessions/{sid}/files/link", headers=alice).status_code == 404
+    (workspace / "dirlink").symlink_to("/etc")
+    assert (
+        api.http.get(f"/v1/sessions/{sid}/files/dirlink/passwd", headers=alice).status_code == 404
+    )
+    assert api.http.put(
+        f"/v1/sessions/{sid}/files/dirlink/x", content=b"x", headers=alice
+    ).status_code in (404, 422)
+    for bad in ("../x", "a/../../x", "/etc/passwd"):
+        answer = api.http.get(f"/v1/sessions/{sid}/files", params={"path": bad}, headers=alice)
+        assert answer.status_code == 422, bad
+
+
+def test_pause_resume_and_stop_update_the_record(api: Api) -> None:
+    alice = api.tenant("alice")
+    sid = _start(api, alice)["id"]
+    paused = api.http.post(f"/v1/sessions/{sid}/pause", headers=alice).json()
+    assert paused["state"] == "paused" and paused["pause_mode"] == "workspace"
+    assert (
+        api.http.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}, headers=alice).status_code
+        == 409
+    )
+    resumed = api.http.post(f"/v1/sessions/{sid}/resume", headers=alice).json()
+    assert resumed["state"] == "running"
+    stopped = api.http.delete(f"/v1/sessions/{sid}", headers=alice).json()
+    assert stopped["state"] == "stopped" and stopped["reason"] == "stopped"
+    assert api.session_runtime.sandboxes[-1].stopped
+
+
+def test_session_quota_answers_429(api: Api) -> None:
+    tenant = api.http.post(
+        "/v1/admin/tenants", json={"name": "q", "quotas": {"sessions": 1}}, headers=ADMIN
+    ).json()
+    key = api.http.post(f"/v1/admin/tenants/{tenant['id']}/keys", headers=ADMIN).json()["key"]
+    headers = {"Authorization": f"Bearer {key}"}
+    _start(api, headers)
+    refused = api.http.post("/v1/sessions", json={}, headers=headers)
+    assert refused.status_code == 429 and "Retry-After" in refused.headers
+
+
+def test_idle_and_ttl_reaping_stop_sessions(api: Api) -> None:
+    alice = api.tenant("alice")
+    idle = _start(api, alice, idle_timeout_s=0.05)["id"]
+    short = _start(api, alice, ttl_s=0.05)["id"]
+    time.sleep(0.1)
+    assert set(api.session_host.reap(time.time())) == {idle, short}
+    assert api.http.get(f"/v1/sessions/{idle}", headers=alice).json()["reason"] == "idle_timeout"
+    assert api.http.get(f"/v1/sessions/{short}", headers=alice).json()["reason"] == "ttl"
+
+
+def test_preview_urls_need_their_token(api: Api) -> None:
+    alice = api.tenant("alice")
+    sid = _start(api, alice)["id"]
+    url = api.http.post(f"/v1/sessions/{sid}/ports/8000/url", headers=alice).json()["url"]
+    page = api.http.get(url + "index.html?q=1")
+    assert page.status_code == 200 and page.text == "GET /index.html?q=1 on 8000"
+    assert page.headers["content-security-policy"].startswith("sandbox")
+    token = url.split("/")[3]
+    forged = token.rsplit(".", 1)[0].replace(".8000.", ".22.") + "." + token.rsplit(".", 1)[1]
+    assert api.http.get(f"/v1/previews/{forged}/").status_code == 401
+    assert api.http.get("/v1/previews/nonsense/").status_code == 401
