@@ -190,6 +190,17 @@ class LocalSessionHost:
                 stopped.append(session.id)
         return stopped
 
+    def pause_all(self) -> None:
+        """On a graceful stop: checkpoint every live session so it can resume later."""
+        with self._lock:
+            ids = list(self._live)
+        for session_id in ids:
+            try:
+                self.pause(session_id)
+            except Exception:
+                log.exception("session %s could not be paused; stopping it", session_id)
+                self.stop(session_id, "worker_stopped")
+
     def stop_all(self, reason: str) -> None:
         with self._lock:
             ids = list(self._live)

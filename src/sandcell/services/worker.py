@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from sandcell.domain.errors import ImageUnavailable, SandcellError, StaleLease
 from sandcell.domain.ids import new_id
@@ -50,7 +51,15 @@ class WorkerConfig:
     poll_s: float = 0.05
     idempotency_ttl_s: float = 48 * 3600
     drain_s: float = 30.0
+    url: str | None = None  # this worker's internal session endpoint, if it hosts sessions
     max_limits: Limits = field(default_factory=Limits)
+
+
+class SessionKeeper(Protocol):
+    """The worker's session host, as far as the claim loop needs it."""
+
+    def reap(self, now: float) -> list[str]: ...
+    def pause_all(self) -> None: ...
 
 
 class Worker:
@@ -63,10 +72,11 @@ class Worker:
         config: WorkerConfig,
         egress: Egress | None = None,
         secrets: SecretService | None = None,
+        sessions: SessionKeeper | None = None,
     ) -> None:
         self.store, self.blobs, self.runtime, self.images = store, blobs, runtime, images
         self.config = config
-        self.egress, self.secrets = egress, secrets
+        self.egress, self.secrets, self.sessions = egress, secrets, sessions
         self._running = 0
         self._lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
@@ -83,10 +93,13 @@ class Worker:
             self.runtime.name,
             self.runtime.version(),
             time.time(),
+            self.config.url,
         )
         try:
             self._claim_loop(stop, info)
         finally:
+            if self.sessions is not None:
+                self.sessions.pause_all()  # checkpointed sessions resume after a restart
             self.store.worker_stopped(info.id, time.time())
 
     def _claim_loop(self, stop: threading.Event, info: WorkerInfo) -> None:
@@ -136,6 +149,11 @@ class Worker:
             log.info("job %s expired before it started", job_id)
         for job_id in self.store.fail_lost_jobs(now):
             log.warning("job %s lost its worker", job_id)
+        live = [w.id for w in self.store.live_workers(now - self.config.lease_s)]
+        for session_id in self.store.fail_orphan_sessions(live, now):
+            log.warning("session %s lost its worker", session_id)
+        if self.sessions is not None:
+            self.sessions.reap(now)
 
     def _run_guarded(self, job: Job) -> None:
         try:

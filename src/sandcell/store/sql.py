@@ -21,6 +21,7 @@ from sqlalchemy import (
     insert,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.exc import IntegrityError
@@ -745,6 +746,26 @@ class SqlStore:
         )
         with self._read() as conn:
             return [_session_from_row(row) for row in conn.execute(query)]
+
+    def fail_orphan_sessions(self, live_worker_ids: list[str], now: float) -> list[str]:
+        """Running sessions whose worker is gone lost their sandbox with it."""
+        orphaned = and_(
+            sessions.c.state.in_(("starting", "running")),
+            sessions.c.worker_id.not_in(live_worker_ids) if live_worker_ids else true(),
+        )
+        with self._tx() as conn:
+            ids = list(conn.execute(select(sessions.c.id).where(orphaned)).scalars())
+            conn.execute(
+                update(sessions)
+                .where(sessions.c.id.in_(ids))
+                .values(
+                    state=SessionState.FAILED.value,
+                    reason="worker_lost",
+                    detail="the worker holding this session stopped",
+                    stopped_at=now,
+                )
+            )
+        return ids
 
     def count_live_sessions(self, tenant_id: str) -> int:
         query = select(func.count()).where(
