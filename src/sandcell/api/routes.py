@@ -34,7 +34,7 @@ MAX_WAIT_S = 60
 
 
 def _job_out(svc: Svc, job: Job) -> JobOut:
-    return job_out(job, svc.store.list_artifacts(job.id))
+    return job_out(job, svc.store.list_artifacts(job.id), svc.store.job_stages(job.id))
 
 
 def _submission(body: JobIn) -> Submission:

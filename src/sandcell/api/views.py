@@ -1,6 +1,7 @@
 """Records rendered as the API shows them."""
 
 from datetime import UTC, datetime
+from typing import Any
 
 from sandcell.api.schemas import ArtifactOut, FileOut, JobOut, OutputOut
 from sandcell.domain.records import Artifact, Job, StoredFile
@@ -14,7 +15,9 @@ def _ms(start: float | None, end: float | None) -> float | None:
     return round((end - start) * 1000, 1) if start is not None and end is not None else None
 
 
-def job_out(job: Job, outputs: list[Artifact]) -> JobOut:
+def job_out(
+    job: Job, outputs: list[Artifact], stages: list[dict[str, Any]] | None = None
+) -> JobOut:
     ready = job.started_at
     return JobOut(
         id=job.id,
@@ -39,7 +42,7 @@ def job_out(job: Job, outputs: list[Artifact]) -> JobOut:
         outputs=[
             OutputOut(artifact_id=a.id, path=a.path, size=a.size, sha256=a.sha256) for a in outputs
         ],
-        stages=[],
+        stages=stages or [],
         attempts=job.attempts,
         egress=job.egress,
         cancel_requested=job.cancel_requested_at is not None,

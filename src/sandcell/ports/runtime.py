@@ -7,7 +7,7 @@ processes) and releases all of it before `run` returns.
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
@@ -31,6 +31,14 @@ class SandboxSpec:
     code: bytes | None = None
     inputs: list[InputFile] = field(default_factory=list)
     egress: EgressAttachment | None = None  # None: no network at all
+    # Retries: committed stage files put back under /output before the program starts.
+    restore_outputs: list[InputFile] = field(default_factory=list)
+    # The guest channel's socket directory (commit_stage, once), mounted at GUEST_CHANNEL_DIR.
+    guest_channel: Path | None = None
+
+
+GUEST_CHANNEL_DIR = "/run/sandcell/guest"
+GUEST_CHANNEL_SOCKET = "guest.sock"
 
 
 class SandboxSink(Protocol):
@@ -68,3 +76,14 @@ class Runtime(Protocol):
 
     def reap(self) -> list[str]:
         """Remove sandboxes and scratch left by an earlier crash; return what was removed."""
+
+
+class GuestChannelHandle(Protocol):
+    directory: Path  # holds GUEST_CHANNEL_SOCKET; the runtime mounts it at GUEST_CHANNEL_DIR
+
+    def close(self) -> None: ...
+
+
+class GuestChannels(Protocol):
+    def open(self, sandbox_id: str, recorder: Any) -> GuestChannelHandle:
+        """Serve `recorder` (commit_stage, once, completed) on a socket for one attempt."""

@@ -26,6 +26,10 @@ class JobSink:
         self._pending_bytes = 0
         self._flushed_at = time.monotonic()
 
+    def _staged(self) -> set[tuple[str, str]]:
+        stages = self.store.job_stages(self.job.id)
+        return {(str(f["path"]), str(f["sha256"])) for stage in stages for f in stage["files"]}
+
     def ready(self) -> None:
         self.started_at = time.time()
         self.store.mark_started(self.job.id, self.token, self.started_at, self._digest())
@@ -61,6 +65,8 @@ class JobSink:
             self.skipped_outputs += 1  # a name we cannot represent safely is not published
             return
         sha256, stored_size = self.blobs.put(content)
+        if (path, sha256) in self._staged():
+            return  # already an artifact: committed by a stage of this job
         artifact = Artifact(
             new_id("art"), self.job.tenant_id, self.job.id, path, stored_size, sha256, time.time()
         )

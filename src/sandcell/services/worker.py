@@ -25,10 +25,19 @@ from sandcell.domain.states import JobState, Reason
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.egress import Egress, EgressSession, SecretBinding
 from sandcell.ports.images import ImageCatalog
-from sandcell.ports.runtime import InputFile, Runtime, SandboxResult, SandboxSpec
+from sandcell.ports.runtime import (
+    GuestChannelHandle,
+    GuestChannels,
+    InputFile,
+    Runtime,
+    SandboxResult,
+    SandboxSpec,
+)
+from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.ports.store import Store
 from sandcell.services.job_sink import JobSink
 from sandcell.services.secrets import SecretService
+from sandcell.services.stages import StageRecorder, restored_outputs
 
 log = logging.getLogger("sandcell.worker")
 
@@ -73,10 +82,12 @@ class Worker:
         egress: Egress | None = None,
         secrets: SecretService | None = None,
         sessions: SessionKeeper | None = None,
+        channels: GuestChannels | None = None,
     ) -> None:
         self.store, self.blobs, self.runtime, self.images = store, blobs, runtime, images
         self.config = config
         self.egress, self.secrets, self.sessions = egress, secrets, sessions
+        self.channels = channels
         self._running = 0
         self._lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
@@ -183,18 +194,22 @@ class Worker:
             )
             return
         job.image_digest = image.digest
+        stages = [stage["name"] for stage in self.store.job_stages(job.id)]
         spec = SandboxSpec(
             sandbox_id=f"{job.id}-{token}",
             image=image,
             argv=job.spec.command or [image.python, "/job/main.py"],
-            env=BASE_ENV | {"SANDCELL_JOB_ID": job.id} | job.spec.env,
+            env=BASE_ENV | job.spec.env | self._guest_env(job, stages),
             limits=job.spec.limits,
             code=job.spec.code.encode() if job.spec.code is not None else None,
             inputs=self._inputs(job),
+            restore_outputs=restored_outputs(self.store, self.blobs, job) if stages else [],
         )
-        with self._egress_for(job, token, image) as session:
+        with self._egress_for(job, token, image) as session, self._channel(job, token) as chan:
             if session is not None:
                 spec = replace(spec, egress=session.attachment, env=spec.env | session.env())
+            if chan is not None:
+                spec = replace(spec, guest_channel=chan.directory)
             outcome = self._supervised(job, token, spec)
         job.egress = session.events() if session is not None else []
         self._settle(job, token, outcome)
@@ -225,6 +240,27 @@ class Worker:
             self.store.release_job(job.id, token, time.time())
             return
         self._finish(job, token, sink, result)
+
+    @staticmethod
+    def _guest_env(job: Job, stages: list[str]) -> dict[str, str]:
+        """What the guest helper needs; set last, so a job's own env cannot override it."""
+        return {
+            "SANDCELL_JOB_ID": job.id,
+            "SANDCELL_COMPLETED_STAGES": ",".join(stages),
+            "PYTHONPATH": GUEST_PACKAGE_DIR,
+        }
+
+    @contextmanager
+    def _channel(self, job: Job, token: int) -> Iterator[GuestChannelHandle | None]:
+        if self.channels is None:
+            yield None
+            return
+        recorder = StageRecorder(self.store, self.blobs, job, token)
+        handle = self.channels.open(f"{job.id}-{token}", recorder)
+        try:
+            yield handle
+        finally:
+            handle.close()
 
     @contextmanager
     def _egress_for(self, job: Job, token: int, image: Image) -> Iterator[EgressSession | None]:

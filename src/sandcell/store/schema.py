@@ -180,3 +180,22 @@ sessions = Table(
     Index("sessions_by_tenant", "tenant_id", "created_at"),
     Index("sessions_by_state", "state"),
 )
+
+job_stages = Table(
+    "job_stages",
+    metadata,
+    Column("job_id", String(64), ForeignKey("jobs.id"), primary_key=True),
+    Column("name", String(128), primary_key=True),
+    Column("attempt", Integer, nullable=False),  # the fencing token of the committing attempt
+    Column("committed_at", Float, nullable=False),
+    Column("files", JSON, nullable=False),  # [{"path", "artifact_id", "sha256", "size"}]
+)
+
+job_once = Table(
+    "job_once",
+    metadata,
+    Column("job_id", String(64), ForeignKey("jobs.id"), primary_key=True),
+    Column("key", String(128), primary_key=True),
+    Column("attempt", Integer, nullable=False),
+    Column("recorded_at", Float, nullable=False),
+)

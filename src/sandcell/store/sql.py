@@ -52,6 +52,8 @@ from sandcell.store.schema import (
     files,
     idempotency_keys,
     job_logs,
+    job_once,
+    job_stages,
     jobs,
     rate_buckets,
     secrets,
@@ -617,6 +619,8 @@ class SqlStore:
                     job_logs.c.job_id == job_id
                 )
             ).scalar()
+            conn.execute(delete(job_stages).where(job_stages.c.job_id == job_id))
+            conn.execute(delete(job_once).where(job_once.c.job_id == job_id))
             conn.execute(delete(artifacts).where(artifacts.c.job_id == job_id))
             conn.execute(delete(job_logs).where(job_logs.c.job_id == job_id))
         return removed, int(log_bytes or 0)
@@ -701,6 +705,58 @@ class SqlStore:
                 delete(secrets).where(secrets.c.tenant_id == tenant_id, secrets.c.name == name)
             )
         return result.rowcount == 1
+
+    # stages and once-blocks (guest progress, written under the attempt's fencing token)
+
+    def commit_stage(
+        self, job_id: str, token: int, name: str, files: list[dict[str, Any]], at: float
+    ) -> None:
+        with self._tx() as conn:
+            if conn.execute(select(jobs.c.id).where(self._owned(job_id, token))).first() is None:
+                raise StaleLease()
+            key = and_(job_stages.c.job_id == job_id, job_stages.c.name == name)
+            if conn.execute(select(job_stages.c.name).where(key)).first() is not None:
+                raise Conflict(f"stage {name!r} is already committed")
+            conn.execute(
+                insert(job_stages).values(
+                    job_id=job_id, name=name, attempt=token, committed_at=at, files=files
+                )
+            )
+
+    def record_once(self, job_id: str, token: int, key: str, at: float) -> bool:
+        """True if `key` is new (run the block), False if an earlier attempt recorded it."""
+        with self._tx() as conn:
+            if conn.execute(select(jobs.c.id).where(self._owned(job_id, token))).first() is None:
+                raise StaleLease()
+            where = and_(job_once.c.job_id == job_id, job_once.c.key == key)
+            if conn.execute(select(job_once.c.key).where(where)).first() is not None:
+                return False
+            conn.execute(
+                insert(job_once).values(job_id=job_id, key=key, attempt=token, recorded_at=at)
+            )
+        return True
+
+    def job_stages(self, job_id: str) -> list[dict[str, Any]]:
+        query = (
+            select(job_stages)
+            .where(job_stages.c.job_id == job_id)
+            .order_by(job_stages.c.committed_at)
+        )
+        with self._read() as conn:
+            return [
+                {
+                    "name": r.name,
+                    "attempt": r.attempt,
+                    "committed_at": r.committed_at,
+                    "files": r.files,
+                }
+                for r in conn.execute(query)
+            ]
+
+    def once_keys(self, job_id: str) -> list[str]:
+        query = select(job_once.c.key).where(job_once.c.job_id == job_id)
+        with self._read() as conn:
+            return list(conn.execute(query).scalars())
 
     # sessions
 

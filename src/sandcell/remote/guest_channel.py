@@ -1,0 +1,125 @@
+"""The guest channel: a unix socket, bound to one job attempt, for commit_stage and once.
+
+Only the sandbox of that attempt has the socket mounted, so whoever connects is that job; the
+requests it can make are the StageRecorder's, nothing else (no API, no other job's ids).
+
+Wire format: one JSON line per request; a commit_stage line lists files with sizes, and exactly
+that many bytes of each file follow. One JSON line answers.
+"""
+
+import json
+import logging
+import os
+import shutil
+import socket
+import threading
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from sandcell.domain.errors import SandcellError
+from sandcell.ports.runtime import GUEST_CHANNEL_SOCKET
+from sandcell.services.stages import StageRecorder
+
+log = logging.getLogger("sandcell.guest_channel")
+MAX_LINE = 64 * 1024
+MAX_FILE = 8 * 1024**3
+
+
+class _Exactly:
+    """A read-only stream of exactly `size` bytes of a socket file, for the blob store."""
+
+    def __init__(self, source: BinaryIO, size: int) -> None:
+        self.source, self.left = source, size
+
+    def read(self, n: int = -1) -> bytes:
+        if self.left <= 0:
+            return b""
+        chunk = self.source.read(self.left if n < 0 else min(n, self.left))
+        if not chunk:
+            raise ConnectionError("the guest closed the channel mid-file")
+        self.left -= len(chunk)
+        return chunk
+
+
+class GuestChannel:
+    def __init__(self, directory: Path, recorder: StageRecorder) -> None:
+        self.directory, self.recorder = directory, recorder
+        self._server: socket.socket | None = None
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> Path:
+        self.directory.mkdir(mode=0o700, parents=True)
+        self.directory.chmod(0o711)  # the guest's uid walks through it to the socket
+        path = self.directory / GUEST_CHANNEL_SOCKET
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(path))
+        os.chmod(path, 0o666)
+        self._server.listen(8)
+        thread = threading.Thread(target=self._accept, name="guest-channel", daemon=True)
+        thread.start()
+        return self.directory
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for thread in self._threads:
+            thread.join(5)
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def _accept(self) -> None:
+        assert self._server is not None
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rwb") as stream:
+            while line := stream.readline(MAX_LINE + 1):
+                answer = self._answer(line, stream)
+                stream.write(json.dumps(answer).encode() + b"\n")
+                stream.flush()
+                if not answer["ok"]:
+                    return  # unread file bytes may follow a refused request: start afresh
+
+    def _answer(self, line: bytes, stream: Any) -> dict[str, Any]:
+        try:
+            if len(line) > MAX_LINE:
+                raise SandcellError("request line too long")
+            request = json.loads(line)
+            return {"ok": True} | self._dispatch(request, stream)
+        except SandcellError as exc:
+            return {"ok": False, "error": exc.detail}
+        except (ValueError, KeyError, TypeError) as exc:
+            return {"ok": False, "error": f"bad request: {type(exc).__name__}"}
+
+    def _dispatch(self, request: dict[str, Any], stream: Any) -> dict[str, Any]:
+        op = request.get("op")
+        if op == "commit_stage":
+            files = [(str(f["path"]), int(f["size"])) for f in request.get("files", [])]
+            if any(size < 0 or size > MAX_FILE for _, size in files):
+                raise SandcellError("file size out of range")
+            streams = [(path, _Exactly(stream, size)) for path, size in files]
+            return {"files": self.recorder.commit_stage(str(request["name"]), streams)}  # type: ignore[arg-type]
+        if op == "once":
+            return {"run": self.recorder.once(str(request["key"]))}
+        if op == "completed_stages":
+            return {"stages": self.recorder.completed()}
+        raise SandcellError(f"unknown op {op!r}")
+
+
+class SocketGuestChannels:
+    """Opens one GuestChannel per sandbox under `root` (private to the worker)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.absolute()  # runsc bind-mounts need absolute sources
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def open(self, sandbox_id: str, recorder: StageRecorder) -> GuestChannel:
+        channel = GuestChannel(self.root / sandbox_id, recorder)
+        channel.start()
+        return channel
