@@ -9,9 +9,11 @@ from sqlalchemy import create_engine
 
 from sandcell.api.app import create_app
 from sandcell.api.deps import Services
+from sandcell.api.internal import create_internal_app
 from sandcell.artifacts.filesystem import FilesystemBlobStore
 from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.egress.validation import EgressValidator
+from sandcell.ports.egress import Egress
 from sandcell.ports.runtime import Runtime
 from sandcell.ports.secrets import NetworkValidator
 from sandcell.remote.session_client import HttpSessionHosts
@@ -20,6 +22,7 @@ from sandcell.services.auth import AuthService
 from sandcell.services.files import FileService
 from sandcell.services.jobs import JobPolicy, JobService
 from sandcell.services.secrets import SecretService
+from sandcell.services.session_host import LocalSessionHost
 from sandcell.services.sessions import SessionPolicy, SessionService
 from sandcell.services.worker import Worker, WorkerConfig, new_worker_id
 from sandcell.settings import Settings
@@ -121,10 +124,38 @@ def build_runtime(settings: Settings) -> Runtime:
         from sandcell.runtime.gvisor import GVisorRuntime
 
         return GVisorRuntime(settings.data_dir / "sandboxes")
-    raise RuntimeUnavailable(f"unknown runtime {settings.runtime!r}; this build offers: gvisor")
+    if settings.runtime == "bwrap":
+        if not settings.allow_weak_isolation:
+            raise RuntimeUnavailable(
+                "the bwrap runtime shares the host kernel (namespaces + seccomp, no gVisor); "
+                "set SANDCELL_ALLOW_WEAK_ISOLATION=1 to accept that, or use runtime gvisor"
+            )
+        from sandcell.runtime.bwrap import BwrapRuntime
+
+        return BwrapRuntime(settings.data_dir / "bwrap")
+    raise RuntimeUnavailable(
+        f"unknown runtime {settings.runtime!r}; this build offers: gvisor, bwrap"
+    )
 
 
-def build_worker(settings: Settings) -> Worker:
+def build_egress(settings: Settings) -> Egress | None:
+    if not settings.egress:
+        return None
+    from sandcell.egress.gateway import ProxyEgress
+    from sandcell.egress.policy import DEFAULT_PORTS
+    from sandcell.egress.resolve import StaticResolver
+
+    return ProxyEgress(
+        settings.data_dir / "egress",
+        allowed_networks=settings.egress_allowed_networks,
+        ports=None if settings.egress_any_port else DEFAULT_PORTS,
+        upstream_ca_file=settings.egress_upstream_ca_file or None,
+        resolver=StaticResolver(settings.egress_hosts) if settings.egress_hosts else None,
+    )
+
+
+def build_worker(settings: Settings, url: str | None = None) -> Worker:
+    """The worker; with `url`, also a session host reachable there (see build_internal_app)."""
     store = build_store(settings)
     runtime = build_runtime(settings)
     runtime.check()  # fail closed: no worker without the isolation it promises
@@ -137,9 +168,37 @@ def build_worker(settings: Settings) -> Worker:
         idempotency_ttl_s=settings.idempotency_ttl_s,
         max_limits=settings.max_limits,
         drain_s=settings.drain_s,
+        url=url,
     )
     blobs = FilesystemBlobStore(settings.data_dir / "blobs")
-    return Worker(store, blobs, runtime, FilesystemImageCatalog(settings.image_dir), config)
+    images = FilesystemImageCatalog(settings.image_dir)
+    egress = build_egress(settings)
+    secrets_service = SecretService(store, secret_cipher(settings))
+    sessions = (
+        build_session_host(settings, store, images, config.worker_id, egress) if url else None
+    )
+    return Worker(store, blobs, runtime, images, config, egress, secrets_service, sessions)
+
+
+def build_session_host(
+    settings: Settings,
+    store: SqlStore,
+    images: FilesystemImageCatalog,
+    worker_id: str,
+    egress: Egress | None,
+) -> LocalSessionHost:
+    from sandcell.runtime.session import GVisorSessionRuntime
+
+    runtime = GVisorSessionRuntime(settings.data_dir / "session-sandboxes")
+    secrets_service = SecretService(store, secret_cipher(settings))
+    state_root = settings.data_dir / "sessions"
+    return LocalSessionHost(store, runtime, images, state_root, worker_id, egress, secrets_service)
+
+
+def build_internal_app(settings: Settings, worker: Worker) -> FastAPI:
+    """The worker's internal endpoint, through which API replicas drive its sessions."""
+    assert isinstance(worker.sessions, LocalSessionHost)
+    return create_internal_app(worker.sessions, worker.store, internal_token(settings))
 
 
 def data_path(settings: Settings, *parts: str) -> Path:

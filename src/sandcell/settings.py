@@ -25,6 +25,8 @@ class Settings(BaseSettings):
     egress: bool = True  # jobs may ask for network through the egress proxy
     egress_allowed_networks: list[str] = []  # operator: private ranges the proxy may reach
     egress_upstream_ca_file: str = ""  # operator: CA bundle for upstream TLS (empty: system)
+    egress_any_port: bool = False  # operator: upstream ports beyond 80 and 443
+    egress_hosts: dict[str, str] = {}  # operator: pinned name → address (replaces DNS)
     runtime: str = "gvisor"
     allow_weak_isolation: bool = False
     default_image: str = "python"

@@ -162,3 +162,80 @@ class Client:
 
     def revoke_key(self, key_id: str) -> None:
         self._call("DELETE", f"/v1/admin/keys/{key_id}")
+
+    # secrets
+
+    def put_secret(self, name: str, value: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._call(
+            "POST", "/v1/secrets", json={"name": name, "value": value}
+        ).json()
+        return result
+
+    # sessions
+
+    def session(self, **body: Any) -> "Session":
+        """Start a session; use it as a context manager to stop it at the end."""
+        data = self._call("POST", "/v1/sessions", json=body, timeout=httpx.Timeout(120)).json()
+        return Session(self, data)
+
+    def session_call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self._call(method, path, **kwargs)
+
+
+class Session:
+    """A stateful interpreter in its own sandbox."""
+
+    def __init__(self, client: Client, data: dict[str, Any]) -> None:
+        self._client, self.data, self.id = client, data, data["id"]
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def _call(self, method: str, suffix: str, **kwargs: Any) -> httpx.Response:
+        return self._client.session_call(method, f"/v1/sessions/{self.id}{suffix}", **kwargs)
+
+    def execute(self, code: str, timeout: float = 60) -> dict[str, Any]:
+        body = {"code": code, "timeout_s": timeout}
+        result: dict[str, Any] = self._call(
+            "POST", "/execute", json=body, timeout=httpx.Timeout(timeout + 30)
+        ).json()
+        return result
+
+    def interrupt(self) -> None:
+        self._call("POST", "/interrupt")
+
+    def upload(self, path: str, content: bytes) -> dict[str, Any]:
+        result: dict[str, Any] = self._call("PUT", f"/files/{path}", content=content).json()
+        return result
+
+    def download(self, path: str) -> bytes:
+        return self._call("GET", f"/files/{path}").content
+
+    def files(self, path: str = "") -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self._call("GET", "/files", params={"path": path}).json()[
+            "items"
+        ]
+        return items
+
+    def pause(self) -> dict[str, Any]:
+        self.data = self._call("POST", "/pause", timeout=httpx.Timeout(120)).json()
+        return self.data
+
+    def resume(self) -> dict[str, Any]:
+        self.data = self._call("POST", "/resume", timeout=httpx.Timeout(120)).json()
+        return self.data
+
+    def preview_url(self, port: int) -> str:
+        url: str = self._call("POST", f"/ports/{port}/url").json()["url"]
+        return url
+
+    def refresh(self) -> dict[str, Any]:
+        self.data = self._call("GET", "").json()
+        return self.data
+
+    def stop(self) -> dict[str, Any]:
+        self.data = self._call("DELETE", "").json()
+        return self.data

@@ -1,5 +1,6 @@
 """A real `sandcell serve` (API + worker + runsc) on a free port, with its own data dir."""
 
+import json
 import os
 import signal
 import socket
@@ -12,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from tests.integration.egress_servers import TestPKI
 
 ADMIN_KEY = "e2e-admin-key-" + "x" * 20
 IMAGE_DIR = Path(os.environ.get("SANDCELL_IMAGE_DIR", "/var/lib/sandcell/images"))
@@ -57,13 +60,31 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], log: Path) -> None:
     raise RuntimeError(f"sandcell serve not ready: {log.read_text()[-2000:]}")
 
 
+# Names the egress proxy resolves for the tests: all on loopback, where the test servers are.
+TEST_HOSTS = {
+    "api.allowed.test": "127.0.0.1",
+    "secure.allowed.test": "127.0.0.1",
+    "other.test": "127.0.0.1",
+}
+
+
 @pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPKI:
+    return TestPKI(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[Server]:
     if os.geteuid() != 0:
         pytest.skip("the gVisor worker needs root")
     data_dir = tmp_path_factory.mktemp("sandcell-data")
     port = _free_port()
     env = os.environ | {
+        # The operator lets the proxy reach this machine's loopback test servers, by name.
+        "SANDCELL_EGRESS_ALLOWED_NETWORKS": json.dumps(["127.0.0.0/8"]),
+        "SANDCELL_EGRESS_ANY_PORT": "1",
+        "SANDCELL_EGRESS_HOSTS": json.dumps(TEST_HOSTS),
+        "SANDCELL_EGRESS_UPSTREAM_CA_FILE": str(pki.ca_file),
         "SANDCELL_DATA_DIR": str(data_dir),
         "SANDCELL_IMAGE_DIR": str(IMAGE_DIR),
         "SANDCELL_PORT": str(port),

@@ -12,6 +12,7 @@ import pytest
 
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
+from sandcell.ports.egress import EgressAttachment
 from sandcell.ports.runtime import InputFile, SandboxResult, SandboxSpec
 from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.images import build_image
@@ -30,6 +31,13 @@ def _require_root() -> None:
 def python_image() -> Image:
     _require_root()
     return build_image("python", IMAGE_DIR)
+
+
+@pytest.fixture(scope="session")
+def python_data_image() -> Image:
+    """numpy, pandas, matplotlib and IPython (session kernels); built once, ~2 min."""
+    _require_root()
+    return build_image("python-data", IMAGE_DIR)
 
 
 @pytest.fixture(scope="session")
@@ -99,6 +107,7 @@ def run_code(gvisor: GVisorRuntime, python_image: Image, request: pytest.Fixture
         cancel: threading.Event | None = None,
         argv: list[str] | None = None,
         sink: RecordingSink | None = None,
+        egress: EgressAttachment | None = None,
         **limits: float,
     ) -> Ran:
         sandbox_id = f"t-{request.node.name[:40].strip('_')}-{next(counter)}".replace("[", "-")
@@ -110,6 +119,7 @@ def run_code(gvisor: GVisorRuntime, python_image: Image, request: pytest.Fixture
             limits=Limits(**limits),  # type: ignore[arg-type]
             code=code.encode(),
             inputs=inputs or [],
+            egress=egress,
         )
         sink = sink or RecordingSink()
         result = gvisor.run(spec, sink, cancel or threading.Event())

@@ -4,6 +4,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -16,6 +17,7 @@ from rich.table import Table
 
 from sandcell import __version__
 from sandcell.cli.client import client_app, run_command
+from sandcell.cli.session import session_app
 from sandcell.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, help="sandcell: secure code-interpreter jobs in gVisor.")
@@ -24,6 +26,7 @@ image_app = typer.Typer(no_args_is_help=True, help="Build and list approved imag
 app.add_typer(admin_app, name="admin")
 app.add_typer(image_app, name="image")
 app.add_typer(client_app, name="jobs")
+app.add_typer(session_app, name="session")
 app.command("run")(run_command)
 console = Console()
 err = Console(stderr=True)
@@ -86,15 +89,37 @@ def worker(
     slots: Annotated[int | None, typer.Option(envvar="SANDCELL_WORKER_SLOTS")] = None,
 ) -> None:
     """Run a worker: claim jobs and run them in sandboxes (needs root for runsc)."""
-    from sandcell.app import build_worker
+    from sandcell.app import build_internal_app, build_worker
 
     settings = _settings(data_dir=data_dir, worker_slots=slots)
     _setup_logging(settings)
-    the_worker = build_worker(settings)
+    listener, url = _internal_listener(settings.worker_listen)
+    the_worker = build_worker(settings, url)
+    _serve_internal(build_internal_app(settings, the_worker), listener)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     the_worker.serve(stop)
+
+
+def _internal_listener(listen: str) -> tuple[socket.socket, str]:
+    """Bind first, so the worker can announce the real port when 0 was asked for."""
+    host, _, port = listen.rpartition(":")
+    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host.strip("[]"), int(port)))
+    listener.listen(128)
+    bound = listener.getsockname()[1]
+    return listener, f"http://{host}:{bound}"
+
+
+def _serve_internal(api: Any, listener: socket.socket) -> None:
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(api, log_config=None, access_log=False))
+    threading.Thread(
+        target=server.run, kwargs={"sockets": [listener]}, name="internal-api", daemon=True
+    ).start()
 
 
 @admin_app.command("create-tenant")

@@ -11,7 +11,9 @@ SandcellError
 ├── QuotaExceeded          a tenant quota or rate limit; carries retry_after_s
 ├── ImageUnavailable       an image that is not built or whose digest no longer matches
 ├── RuntimeUnavailable     the isolation runtime cannot be applied: fail closed
-└── StaleLease             a worker wrote with a fencing token that is no longer current
+├── StaleLease             a worker wrote with a fencing token that is no longer current
+├── SessionUnavailable     a session's sandbox ended or stopped answering (workspace kept)
+└── PreviewUnavailable     a session's preview server did not answer (502 at the edge)
 """
 
 from dataclasses import dataclass
@@ -81,3 +83,11 @@ class RuntimeUnavailable(SandcellError):
 
 class StaleLease(SandcellError):
     """This worker's lease on the job is no longer current."""
+
+
+class SessionUnavailable(SandcellError):
+    """The session's sandbox is not running; its workspace is kept."""
+
+
+class PreviewUnavailable(SandcellError):
+    """The session's server on that port did not answer."""

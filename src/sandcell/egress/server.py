@@ -1,16 +1,20 @@
 """The proxy of one job: an asyncio server, and a thread that runs it for synchronous callers.
 
 One proxy per job keeps identity trivial: everything that reaches this listener comes from that
-job's sandbox (in production it listens only on the worker's end of the job's veth pair), so no
-per-request credential is needed. Many `EgressServer`s can share one event loop; `EgressProxy`
-gives one its own loop thread for a worker that is not async.
+job's sandbox (in production it listens on a unix socket that only that sandbox has mounted), so
+no per-request credential is needed. Many `EgressServer`s can share one event loop; `EgressProxy`
+gives one its own loop thread for a worker that is not async. TCP listening stays for tests and
+benchmarks.
 """
 
 import asyncio
+import contextlib
 import logging
+import os
 import threading
 import traceback
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sandcell.egress.audit import ConnectionAudit, Counter, EgressEvent, EventSink
@@ -22,6 +26,11 @@ from sandcell.egress.secrets import Redactor
 
 log = logging.getLogger("sandcell.egress")
 T = TypeVar("T")
+
+# connect(2) on a unix socket needs write permission on it. The sandbox's uid (65534) reaches it
+# through runsc's gofer, and the sentry checks the mode it sees, so "other" must be able to
+# write; who else can reach the path is decided by the directories above it (see gateway.py).
+UNIX_SOCKET_MODE = 0o666
 
 _OVER_LIMIT = (
     b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n"
@@ -48,6 +57,7 @@ class EgressServer:
         )
         self._on_event = on_event
         self._server: asyncio.Server | None = None
+        self._unix_path: Path | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
     @property
@@ -57,16 +67,23 @@ class EgressServer:
 
     @property
     def address(self) -> tuple[str, int]:
-        if self._server is None or not self._server.sockets:
-            raise RuntimeError("the egress proxy is not listening")
+        if self._server is None or not self._server.sockets or self._unix_path is not None:
+            raise RuntimeError("the egress proxy is not listening on TCP")
         host, port = self._server.sockets[0].getsockname()[:2]
         return str(host), int(port)
 
     async def start(self) -> tuple[str, int]:
+        """Listen on the configured TCP address; return the bound one."""
         self._server = await asyncio.start_server(
             self._accept, self.config.listen_host, self.config.listen_port
         )
         return self.address
+
+    async def start_unix(self, path: Path) -> None:
+        """Listen on a unix socket at `path` (which must not exist yet)."""
+        self._server = await asyncio.start_unix_server(self._accept, path)
+        self._unix_path = path
+        os.chmod(path, UNIX_SOCKET_MODE)
 
     async def close(self) -> None:
         """Stop listening, end every open connection (each still gets its event)."""
@@ -77,6 +94,9 @@ class EgressServer:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
+        if self._unix_path is not None:  # asyncio leaves the socket file behind (before 3.13)
+            with contextlib.suppress(FileNotFoundError):
+                self._unix_path.unlink()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -124,7 +144,7 @@ class EgressProxy:
     """An `EgressServer` on its own event-loop thread, for a synchronous worker.
 
         proxy = EgressProxy(config, on_event=record.append)
-        host, port = proxy.start()
+        proxy.start_unix(socket_dir / "proxy.sock")  # or: host, port = proxy.start()
         ...  # run the sandbox with proxy.ca_pem installed and HTTP(S)_PROXY pointing here
         proxy.stop()
 
@@ -148,7 +168,16 @@ class EgressProxy:
         return self.server.address
 
     def start(self, timeout_s: float = 10.0) -> tuple[str, int]:
+        """Listen on the configured TCP address; return the bound one."""
+        return self._start(self.server.start(), timeout_s)
+
+    def start_unix(self, path: Path, timeout_s: float = 10.0) -> None:
+        """Listen on a unix socket at `path` (which must not exist yet)."""
+        self._start(self.server.start_unix(path), timeout_s)
+
+    def _start(self, starting: Coroutine[Any, Any, T], timeout_s: float) -> T:
         if self._thread is not None:
+            starting.close()  # never awaited: say so, or asyncio warns about it
             raise RuntimeError("the egress proxy is already started")
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
@@ -156,7 +185,7 @@ class EgressProxy:
         )
         self._thread.start()
         try:
-            return self._call(self.server.start(), timeout_s)
+            return self._call(starting, timeout_s)
         except BaseException:
             self._shutdown_loop(timeout_s)
             raise

@@ -56,7 +56,7 @@ def commit_stage(name: str, files: list[str] = ()) -> list[dict[str, Any]]:  # t
     """Store `files` (relative to /output, or absolute under it) and record stage `name`."""
     relative = [_relative(path) for path in files]
     full = [os.path.join(OUTPUT, path) for path in relative]
-    listing = [{"path": p, "size": os.path.getsize(f)} for p, f in zip(relative, full)]
+    listing = [{"path": p, "size": os.path.getsize(f)} for p, f in zip(relative, full, strict=True)]
     answer = _request({"op": "commit_stage", "name": name, "files": listing}, full)
     _committed.append(name)
     return list(answer["files"])

@@ -18,6 +18,9 @@ from sandcell.ports.egress import EgressAttachment
 CellResult = dict[str, Any]
 # Streamed pieces of a running cell: {"type": "stdout" | "stderr" | "display", ...}
 CellEvent = dict[str, Any]
+# Where the runtime mounts the guest package (sandcell/guest, read-only) inside the sandbox;
+# images create the empty mount point, so an image's digest never covers the kernel's code.
+GUEST_PACKAGE_DIR = "/opt/sandcell"
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class SessionSpec:
 class SessionSandbox(Protocol):
     sandbox_id: str
     workspace: Path  # host path of the session's /workspace while it runs
+    memory_restored: bool  # `resume` brought back the checkpointed memory (not a fresh kernel)
 
     def execute(
         self, code: str, timeout_s: float, on_event: Callable[[CellEvent], None] | None = None
@@ -50,6 +54,14 @@ class SessionSandbox(Protocol):
 
     def stop(self) -> bool:
         """Stop and release everything except the state_dir; True once verified."""
+
+    def http(
+        self, port: int, method: str, target: str, headers: list[tuple[str, str]], body: bytes
+    ) -> tuple[int, list[tuple[str, str]], bytes]:
+        """One HTTP/1.1 exchange with a server the session runs on 127.0.0.1:`port`.
+
+        Works while a cell runs. Raises PreviewUnavailable when nothing answers there.
+        """
 
 
 class SessionRuntime(Protocol):

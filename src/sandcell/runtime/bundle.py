@@ -2,7 +2,8 @@
 
 Everything the sandbox may see or do is written down here: a read-only image root, uid 65534
 with no capabilities and no_new_privs, five namespaces, an io_uring-denying seccomp filter,
-rlimits, and exactly four host directories (/job, /input, /workspace, /output).
+rlimits, and exactly four host directories (/job, /input, /workspace, /output) — plus, for a
+job with egress, its proxy socket directory and CA bundle (see network.py).
 """
 
 import json
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from sandcell.domain.limits import Limits
+from sandcell.ports.runtime import SandboxSpec
+from sandcell.runtime.network import BRIDGE_TASKS, egress_mounts, start_bridge
 from sandcell.runtime.scratch import GUEST_UID, Scratch
 
 # The first line the sandbox writes on stdout; the guest cannot write before it, because the
@@ -25,24 +28,24 @@ NAMESPACES = ("pid", "network", "ipc", "uts", "mount")
 DENIED_SYSCALLS = ("io_uring_setup", "io_uring_enter", "io_uring_register")
 
 
-def nproc_limit(limits: Limits) -> int:
+def nproc_limit(limits: Limits, egress: bool = False) -> int:
     """RLIMIT_NPROC inside gVisor, which counts the sandbox's tasks (threads included).
 
     One above the budget: the extra slot is the tripwire the runtime watches for, so a program
     that uses exactly `pids` tasks runs, and one that tries for more is caught (reason pids).
+    With egress, the bridge's task is added on top: it is ours, not the program's.
     """
-    return limits.pids + 1
+    return limits.pids + 1 + (BRIDGE_TASKS if egress else 0)
 
 
-def oci_config(
-    argv: list[str], env: dict[str, str], limits: Limits, rootfs: Path, scratch: Scratch
-) -> dict[str, Any]:
+def oci_config(spec: SandboxSpec, scratch: Scratch) -> dict[str, Any]:
+    mounts = _mounts(scratch) + (egress_mounts(spec.egress) if spec.egress else [])
     return {
         "ociVersion": "1.0.2",
-        "process": _process(argv, env, limits),
-        "root": {"path": str(rootfs), "readonly": True},
+        "process": _process(spec),
+        "root": {"path": str(spec.image.rootfs), "readonly": True},
         "hostname": "sandbox",
-        "mounts": _mounts(scratch),
+        "mounts": mounts,
         "linux": {
             "namespaces": [{"type": ns} for ns in NAMESPACES],
             "seccomp": {
@@ -66,13 +69,15 @@ def check_env(env: dict[str, str]) -> None:
             raise ValueError(f"invalid environment variable {key!r}")
 
 
-def _process(argv: list[str], env: dict[str, str], limits: Limits) -> dict[str, Any]:
+def _process(spec: SandboxSpec) -> dict[str, Any]:
+    limits = spec.limits
     disk_bytes = limits.disk_mb * 1024 * 1024
+    bridge = spec.image.python if spec.egress else None
     return {
         "terminal": False,
         "user": {"uid": GUEST_UID, "gid": GUEST_UID, "additionalGids": []},
-        "args": [*ready_wrapper(env), *argv],
-        "env": [f"{key}={value}" for key, value in env.items()],  # exactly the spec's
+        "args": [*ready_wrapper(spec.env, bridge), *spec.argv],
+        "env": [f"{key}={value}" for key, value in spec.env.items()],  # exactly the spec's
         "cwd": "/workspace",
         "noNewPrivileges": True,
         # `runsc spec` would grant AUDIT_WRITE, KILL and NET_BIND_SERVICE even to uid 65534,
@@ -82,15 +87,20 @@ def _process(argv: list[str], env: dict[str, str], limits: Limits) -> dict[str, 
             _rlimit("RLIMIT_NOFILE", NOFILE),
             _rlimit("RLIMIT_CORE", 0),
             _rlimit("RLIMIT_FSIZE", disk_bytes),
-            _rlimit("RLIMIT_NPROC", nproc_limit(limits)),
+            _rlimit("RLIMIT_NPROC", nproc_limit(limits, spec.egress is not None)),
         ],
     }
 
 
-def ready_wrapper(env: dict[str, str]) -> list[str]:
-    """The shell that prints the ready line, then becomes the program with exactly `env`."""
+def ready_wrapper(env: dict[str, str], bridge_python: str | None = None) -> list[str]:
+    """The shell that prints the ready line, then becomes the program with exactly `env`.
+
+    With `bridge_python` (a job with egress), the egress bridge runs under that interpreter
+    first, and the ready line comes only once it listens.
+    """
     unset = [name for name in ADDED_BY_THE_WRAPPING if name not in env]
-    script = READY_PRINTF + (f"unset {' '.join(unset)}; " if unset else "") + 'exec "$@"'
+    script = start_bridge(bridge_python) if bridge_python else ""
+    script += READY_PRINTF + (f"unset {' '.join(unset)}; " if unset else "") + 'exec "$@"'
     return ["/bin/sh", "-c", script, "sh"]
 
 

@@ -111,11 +111,20 @@ class SandboxCgroup:
             usage["cpu_s"] = int(cpu_ns) / 1e9
         return usage
 
-    def kill_all(self, timeout_s: float = 5.0) -> bool:
-        """SIGKILL every process in the cgroup until none is left; True if it emptied."""
+    def memory_stat(self) -> dict[str, int]:
+        """Current memory use: `usage` (what the limit counts) and memory.stat's counters."""
+        stat = _keyed(_read(self.dir("memory") / "memory.stat"))
+        usage = _read(self.dir("memory") / "memory.usage_in_bytes").strip()
+        return stat | {"usage": int(usage) if usage.isdigit() else 0}
+
+    def kill_all(self, timeout_s: float = 5.0, spare: frozenset[int] = frozenset()) -> bool:
+        """SIGKILL every process in the cgroup until none is left; True if it emptied.
+
+        With `spare`, those processes are left alone (True once only they remain).
+        """
         deadline = time.monotonic() + timeout_s
         while True:
-            pids = self.pids()
+            pids = self.pids() - spare
             if not pids:
                 return True
             if time.monotonic() > deadline:

@@ -15,19 +15,25 @@ import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sandcell.domain.errors import ImageUnavailable
 from sandcell.domain.images import Image
+from sandcell.ports.egress import GUEST_CA_BUNDLE, GUEST_SOCKET_DIR
+from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.runtime.digest import tree_digest
 from sandcell.runtime.mirror import debian_mirror
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 MANIFEST = "manifest.json"
 MOUNT_POINTS = ("job", "input", "workspace", "output")  # the root is read-only: made at build
+# Where a job with egress gets its proxy socket dir and CA bundle: made at build for the same
+# reason (runsc cannot create a mount point on a read-only root).
+EGRESS_MOUNT_DIR = GUEST_SOCKET_DIR.lstrip("/")
+EGRESS_MOUNT_FILE = GUEST_CA_BUNDLE.lstrip("/")
 BUILD_TIMEOUT_S = 900
 
 
@@ -44,16 +50,34 @@ class Recipe:
     # will use it (numpy, pandas, matplotlib). Not implemented yet: see `_install_pip`.
     pip: tuple[str, ...] = ()
     python: str = "/usr/bin/python3.11"
+    # (path in the rootfs, text) written after debootstrap, e.g. a headless matplotlibrc.
+    files: tuple[tuple[str, str], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+        # JSON's shape (lists all the way down), so it compares equal to a manifest's recipe.
+        data: dict[str, Any] = json.loads(json.dumps(asdict(self)))
+        if not self.files:  # recipes built before `files` existed stay up to date
+            del data["files"]
+        return data
 
 
 RECIPES: dict[str, Recipe] = {
     "python": Recipe(
         name="python",
-        version="1",
+        version="2",  # 2: mount points for the egress socket and CA bundle
         packages=("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates"),
+    ),
+    # Debian's own builds: versions are whatever the configured (snapshot) mirror serves, and
+    # the manifest records every installed package's version. IPython runs session kernels.
+    "python-data": Recipe(
+        name="python-data",
+        version="1",
+        packages=(
+            *("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "socat"),
+            *("python3-numpy", "python3-pandas", "python3-matplotlib", "python3-ipython"),
+        ),
+        # Debian's site rc says TkAgg; a sandbox has no display. Defaults come from mpl-data.
+        files=(("etc/matplotlibrc", "backend: Agg\n"),),
     ),
 }
 
@@ -67,6 +91,7 @@ class Manifest:
     recipe: dict[str, Any]
     python: str
     mirror: str = ""
+    packages: dict[str, str] = field(default_factory=dict)  # every installed package: version
 
     def image(self, version_dir: Path) -> Image:
         return Image(self.name, self.version, self.digest, version_dir / "rootfs", self.python)
@@ -158,6 +183,7 @@ def _build_into(recipe: Recipe, work: Path) -> Manifest:
     _debootstrap(recipe, rootfs, mirror)
     _install_pip(recipe, rootfs)
     _harden(rootfs)
+    _write_files(recipe, rootfs)
     manifest = Manifest(
         name=recipe.name,
         version=recipe.version,
@@ -166,6 +192,7 @@ def _build_into(recipe: Recipe, work: Path) -> Manifest:
         recipe=recipe.as_dict(),
         python=recipe.python,
         mirror=mirror,
+        packages=_installed_packages(rootfs),
     )
     if not (rootfs / recipe.python.lstrip("/")).exists():
         raise ImageUnavailable(f"image {recipe.name!r}: {recipe.python} missing after build")
@@ -196,10 +223,36 @@ def _install_pip(recipe: Recipe, rootfs: Path) -> None:
         raise ImageUnavailable(f"image {recipe.name!r}: pip steps are not supported yet")
 
 
+def _write_files(recipe: Recipe, rootfs: Path) -> None:
+    for relpath, text in recipe.files:
+        path = rootfs / relpath
+        # The file itself may be a symlink (it is replaced); its directory must not lead out.
+        if path.parent.resolve().is_relative_to(rootfs.resolve()):
+            _replace_file(path, text)
+        else:
+            raise ImageUnavailable(f"image {recipe.name!r}: {relpath} leads out of the rootfs")
+
+
+def _installed_packages(rootfs: Path) -> dict[str, str]:
+    """Package -> version of everything dpkg in the rootfs has installed."""
+    cmd = ["dpkg-query", f"--admindir={rootfs}/var/lib/dpkg", "-W", "-f"]
+    cmd.append("${db:Status-Abbrev}\t${Package}\t${Version}\n")
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ImageUnavailable(f"cannot list the image's packages: {done.stderr.strip()[-300:]}")
+    rows = (line.split("\t") for line in done.stdout.splitlines())
+    return {row[1]: row[2] for row in rows if len(row) == 3 and row[0].startswith("ii")}
+
+
 def _harden(rootfs: Path) -> None:
     """Strip what a sandbox must not see or use from a fresh debootstrap tree."""
     for mount_point in MOUNT_POINTS:
         (rootfs / mount_point).mkdir(mode=0o755, exist_ok=True)
+    (rootfs / EGRESS_MOUNT_DIR).mkdir(mode=0o755, parents=True, exist_ok=True)
+    (rootfs / EGRESS_MOUNT_FILE).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    _replace_file(rootfs / EGRESS_MOUNT_FILE, "")
+    # Where a session's kernel is mounted from the host (read-only): not part of the image.
+    (rootfs / GUEST_PACKAGE_DIR.lstrip("/")).mkdir(mode=0o755, parents=True, exist_ok=True)
     # debootstrap copies the host's resolver and hostname; a sandbox gets neither.
     _replace_file(rootfs / "etc/resolv.conf", "")
     _replace_file(rootfs / "etc/hostname", "sandbox\n")

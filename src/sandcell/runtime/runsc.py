@@ -41,9 +41,16 @@ class Runsc:
             flags.append(f"--log={log}")
         return flags
 
-    def run_argv(self, bundle: Path, sandbox_id: str, log: Path) -> list[str]:
-        """Foreground `run`: its pipes close when the sandbox ends (a detached one never)."""
-        return [*self.flags(log), "run", f"--bundle={bundle}", sandbox_id]
+    def run_argv(
+        self, bundle: Path, sandbox_id: str, log: Path, *, host_uds: bool = False
+    ) -> list[str]:
+        """Foreground `run`: its pipes close when the sandbox ends (a detached one never).
+
+        `host_uds`: let the guest connect (only connect) to host unix sockets bind-mounted into
+        it; the egress proxy's socket is the only one a bundle ever mounts.
+        """
+        uds = ["--host-uds=open"] if host_uds else []
+        return [*self.flags(log), *uds, "run", f"--bundle={bundle}", sandbox_id]
 
     def version(self) -> str:
         out = self._call("--version")

@@ -4,8 +4,8 @@ How each reason is told apart (first match wins):
 
 - cancelled / timeout / output_limit / pids (tripwire): the watch loop saw it and killed;
   the pids tripwire is the guest taking the one task slot above its budget (RLIMIT_NPROC is
-  pids + 1 inside gVisor): the count of ptrace stubs on the host flags it, `runsc events`
-  confirms it;
+  pids + 1 inside gVisor, plus the egress bridge's task when there is one, which every count
+  below leaves out): the count of ptrace stubs on the host flags it, `runsc events` confirms it;
 - output_limit: output was cut even though the program had ended on its own meanwhile;
 - memory: the cgroup's `oom_kill` counter moved (the host OOM killer took the sentry);
 - pids (host backstop): the cgroup's `pids.events` max counter moved;
@@ -27,6 +27,7 @@ from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime.bundle import check_env, nproc_limit, oci_config, write_config
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
+from sandcell.runtime.network import BRIDGE_MEMORY_MB, BRIDGE_TASKS
 from sandcell.runtime.outputs import collect_outputs
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.scratch import Scratch, ScratchError
@@ -52,10 +53,12 @@ JOIN_CGROUPS = ["/bin/sh", "-c", JOIN_SCRIPT, "join-cgroups"]
 MiB = 1024 * 1024
 
 
-def cgroup_limits(limits: Limits, overhead_mb: int) -> CgroupLimits:
-    # The host limit also covers gVisor itself (sentry, gofer, runsc; ~46 MB): tripping it
-    # kills the whole sandbox, so the guest's budget is memory_mb on top of that overhead.
-    tasks = min(HOST_TASKS_MAX, HOST_TASKS_BASE + HOST_TASKS_PER_GUEST * nproc_limit(limits))
+def cgroup_limits(limits: Limits, overhead_mb: int, egress: bool = False) -> CgroupLimits:
+    # The host limit also covers gVisor itself (sentry, gofer, runsc; ~46 MB) and the egress
+    # bridge: tripping it kills the whole sandbox, so the guest's budget is memory_mb on top.
+    overhead_mb += BRIDGE_MEMORY_MB if egress else 0
+    guest_tasks = nproc_limit(limits, egress)
+    tasks = min(HOST_TASKS_MAX, HOST_TASKS_BASE + HOST_TASKS_PER_GUEST * guest_tasks)
     return CgroupLimits((limits.memory_mb + overhead_mb) * MiB, boot_cpus(limits), tasks)
 
 
@@ -82,6 +85,7 @@ class SandboxRun:
         self.runsc, self.scratch, self.cgroup = runsc, scratch, cgroup
         self.overhead_mb = overhead_mb
         self.limits = spec.limits
+        self.ours = BRIDGE_TASKS if spec.egress else 0  # guest tasks that are not the program's
         self.proc: subprocess.Popen[bytes] | None = None
         self.streams: Streams | None = None
         self.kill_reason: Reason | None = None
@@ -123,12 +127,17 @@ class SandboxRun:
         spec = self.spec
         check_env(spec.env)
         self.scratch.create(spec.code, spec.inputs, self.limits.disk_mb)
-        config = oci_config(spec.argv, spec.env, self.limits, spec.image.rootfs, self.scratch)
-        write_config(config, self.scratch.bundle)
-        self.cgroup.create(cgroup_limits(self.limits, self.overhead_mb))
+        write_config(oci_config(spec, self.scratch), self.scratch.bundle)
+        egress = spec.egress is not None
+        self.cgroup.create(cgroup_limits(self.limits, self.overhead_mb, egress))
 
     def _launch(self) -> Streams:
-        run = self.runsc.run_argv(self.scratch.bundle, self.spec.sandbox_id, self.scratch.log)
+        run = self.runsc.run_argv(
+            self.scratch.bundle,
+            self.spec.sandbox_id,
+            self.scratch.log,
+            host_uds=self.spec.egress is not None,
+        )
         argv = [*JOIN_CGROUPS, *map(str, self.cgroup.procs_files()), "--", *run]
         self.launched_at = time.monotonic()
         self.proc = subprocess.Popen(
@@ -193,12 +202,12 @@ class SandboxRun:
         Stub processes on the host are a free (and generous) estimate; the sentry's own count,
         via `runsc events`, confirms it before anything is killed.
         """
-        guests = self.cgroup.process_count() - RUNSC_HOST_PROCS
+        guests = self.cgroup.process_count() - RUNSC_HOST_PROCS - self.ours
         self.guest_procs_peak = max(self.guest_procs_peak, guests)
         if guests <= self.limits.pids or now < self.next_pids_confirm:
             return False
         count = self.runsc.process_count(self.spec.sandbox_id)
-        if count is not None and count > self.limits.pids:
+        if count is not None and count - self.ours > self.limits.pids:
             return True
         # A false alarm (stubs outlive their processes): ask runsc less and less often.
         self.pids_confirm_every_s = min(PIDS_CONFIRM_MAX_S, self.pids_confirm_every_s * 2)

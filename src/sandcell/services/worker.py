@@ -46,7 +46,6 @@ BASE_ENV = {
     "HOME": "/workspace",
     "TMPDIR": "/tmp",
     "LANG": "C.UTF-8",
-    "PYTHONUNBUFFERED": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
 

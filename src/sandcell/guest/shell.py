@@ -1,0 +1,138 @@
+"""IPython's own machinery, pointed at the wire: results, displays and tracebacks of a cell.
+
+The shell is a plain InteractiveShell whose display hook keeps the last expression's value
+(instead of printing `Out[n]:`), whose display publisher turns `display(...)` (matplotlib
+figures included, through matplotlib-inline) into display events, and whose `_showtraceback`
+keeps the traceback as the cell's error.
+"""
+
+import base64
+import json
+import re
+import threading
+from typing import Any
+
+from IPython.core.displayhook import DisplayHook
+from IPython.core.displaypub import DisplayPublisher
+from IPython.core.interactiveshell import InteractiveShell
+from traitlets import Type
+from traitlets.config import Config
+
+from .wire import Channel
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
+BINARY_MIMES = ("image/png", "image/jpeg", "image/gif")
+TEXT_MIMES = ("text/plain", "text/html", "text/markdown", "text/latex", "image/svg+xml")
+DISPLAY_LIMIT = 32 << 20  # characters of rich output per cell
+
+
+class Cell:
+    """What one execute produced so far; output and displays stream out as they come."""
+
+    def __init__(self, request_id: str, output_limit: int, channel: Channel) -> None:
+        self.id, self.channel = request_id, channel
+        self.output_left, self.display_left = output_limit, DISPLAY_LIMIT
+        self.result: str | None = None
+        self.error: dict[str, Any] | None = None
+        self.truncated = False
+        self.lock = threading.Lock()  # both pumps and the main thread report here
+
+    def output(self, stream: str, text: str) -> None:
+        with self.lock:
+            if self.output_left <= 0:
+                return
+            if len(text) > self.output_left:
+                text = text[: self.output_left] + "\n[output truncated]\n"
+                self.truncated = True
+            self.output_left = 0 if self.truncated else self.output_left - len(text)
+            self.channel.send({"id": self.id, "event": stream, "text": text})
+
+    def display(self, data: dict[str, Any]) -> None:
+        bundle = mime_bundle(data)
+        size = sum(len(value) for value in bundle.values())
+        with self.lock:
+            if not bundle or size > self.display_left:
+                self.truncated = self.truncated or bool(bundle)
+                return
+            self.display_left -= size
+            self.channel.send({"id": self.id, "event": "display", "data": bundle})
+
+    def set_result(self, format_dict: dict[str, Any]) -> None:
+        plain = format_dict.get("text/plain")
+        self.result = plain if isinstance(plain, str) else None
+        if set(mime_bundle(format_dict)) - {"text/plain"}:  # rich, e.g. a DataFrame's HTML
+            self.display(format_dict)
+
+    def set_error(self, etype: type[BaseException], evalue: BaseException, stb: Any) -> None:
+        lines = stb if isinstance(stb, list) else [str(stb)]
+        self.error = {
+            "ename": getattr(etype, "__name__", str(etype)),
+            "evalue": str(evalue),
+            "traceback": [ANSI.sub("", str(line)) for line in lines],
+        }
+
+
+def mime_bundle(data: dict[str, Any]) -> dict[str, str]:
+    """The mimes the host understands, each as a string (base64 for binary ones)."""
+    bundle = {}
+    for mime, value in data.items():
+        if mime in BINARY_MIMES:
+            if isinstance(value, bytes):
+                bundle[mime] = base64.b64encode(value).decode()
+            elif isinstance(value, str):  # IPython's convention: already base64
+                bundle[mime] = "".join(value.split())
+        elif mime in TEXT_MIMES:
+            bundle[mime] = "".join(value) if isinstance(value, list) else str(value)
+        elif mime == "application/json" or mime.endswith("+json"):
+            bundle[mime] = json.dumps(value, default=str)
+    return bundle
+
+
+class ResultHook(DisplayHook):  # type: ignore[misc]
+    """Keeps the last expression's value for the result instead of printing `Out[n]:`."""
+
+    def write_output_prompt(self) -> None:
+        pass
+
+    def write_format_data(self, format_dict: dict[str, Any], md_dict: Any = None) -> None:
+        if self.shell.current is not None:
+            self.shell.current.set_result(format_dict)
+
+    def finish_displayhook(self) -> None:
+        pass
+
+
+class Publisher(DisplayPublisher):  # type: ignore[misc]
+    """`display(...)`, figures included, become the running cell's display outputs."""
+
+    def publish(self, data: dict[str, Any], metadata: Any = None, *args: Any, **kw: Any) -> None:
+        if self.shell.current is not None:
+            self.shell.current.display(data)
+
+    def clear_output(self, wait: bool = False) -> None:
+        pass
+
+
+class SessionShell(InteractiveShell):  # type: ignore[misc]
+    displayhook_class = Type(ResultHook)
+    display_pub_class = Type(Publisher)
+    channel: Channel
+    current: Cell | None = None  # the running cell: where results, displays and errors go
+
+    def new_cell(self, request_id: str, output_limit: int) -> Cell:
+        self.current = Cell(request_id, output_limit, self.channel)
+        return self.current
+
+    def _showtraceback(self, etype: type[BaseException], evalue: BaseException, stb: Any) -> None:
+        """Tracebacks become the cell's `error` (IPython would print them)."""
+        if self.current is not None:
+            self.current.set_error(etype, evalue, stb)
+
+
+def make_shell(channel: Channel) -> SessionShell:
+    config = Config()
+    config.HistoryManager.enabled = False  # no sqlite file: nothing to write it to anyway
+    config.InteractiveShell.colors = "NoColor"
+    shell: SessionShell = SessionShell.instance(config=config)
+    shell.channel = channel
+    return shell

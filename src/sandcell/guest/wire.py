@@ -1,0 +1,118 @@
+"""The kernel's wires: JSON lines to and from the host, and the capture of fds 1 and 2.
+
+The host speaks to the kernel over the sandbox's stdin and stdout. Both are moved to private
+file descriptors at start, and fds 1 and 2 become pipes this module reads: whatever anything in
+the sandbox writes there (print, os.system, a subprocess) is output of the running cell and can
+never be taken for a protocol line.
+"""
+
+import codecs
+import fcntl
+import json
+import os
+import queue
+import select
+import struct
+import termios
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+Message = dict[str, Any]
+OutputSink = Callable[[str, str], None]  # (stream name, text)
+CHUNK = 65536
+OUTBOX_LINES = 256  # a host that stops reading slows the kernel down instead of growing it
+
+
+class Channel:
+    """Requests in, messages out; a single writer thread keeps every line whole.
+
+    Writers only ever enqueue: a KeyboardInterrupt can land in the main thread at any bytecode,
+    and must never leave half a line on the wire.
+    """
+
+    def __init__(self, read_fd: int, write_fd: int) -> None:
+        self.reader = os.fdopen(read_fd, "rb", buffering=CHUNK)
+        self.write_fd = write_fd
+        self.outbox: queue.Queue[bytes | None] = queue.Queue(maxsize=OUTBOX_LINES)
+        self.writer = threading.Thread(target=self._write_loop, name="wire-out", daemon=True)
+        self.writer.start()
+
+    def send(self, message: Message) -> None:
+        # ASCII only: lone surrogates and odd bytes from user output cannot break the encoding.
+        self.outbox.put(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+
+    def requests(self) -> Iterator[Message]:
+        """Each well-formed request; ends when the host closes the wire."""
+        for line in self.reader:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(message, dict):
+                yield message
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Send everything queued, then stop the writer."""
+        self.outbox.put(None)
+        self.writer.join(timeout_s)
+
+    def _write_loop(self) -> None:
+        while (data := self.outbox.get()) is not None:
+            view = memoryview(data)
+            try:
+                while view:
+                    view = view[os.write(self.write_fd, view) :]
+            except OSError:
+                os._exit(0)  # the host is gone: nobody is left to serve
+
+
+class OutputPump:
+    """Reads one of fds 1/2 (through its pipe) and hands the text to `sink`.
+
+    It reads only while holding `lock`, so `drain` can tell "the pipe is empty and every byte
+    read from it was handed on" from "a read is in flight".
+    """
+
+    def __init__(self, name: str, read_fd: int, sink: OutputSink) -> None:
+        self.name, self.fd, self.sink = name, read_fd, sink
+        self.lock = threading.Lock()
+        self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        os.set_blocking(read_fd, False)
+        threading.Thread(target=self._loop, name=f"pump-{name}", daemon=True).start()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait until everything written so far went to the sink; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self.lock:
+                if pending_bytes(self.fd) == 0:
+                    return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+
+    def _loop(self) -> None:
+        while True:
+            select.select([self.fd], [], [])
+            with self.lock:
+                try:
+                    data = os.read(self.fd, CHUNK)
+                except BlockingIOError:
+                    continue
+                text = self.decoder.decode(data)
+                if text:
+                    self.sink(self.name, text)
+
+
+def capture(fd: int) -> int:
+    """Point `fd` at a new pipe; return the pipe's read end."""
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, fd)  # dup2 makes `fd` inheritable: children write to the pipe too
+    os.close(write_end)
+    return read_end
+
+
+def pending_bytes(fd: int) -> int:
+    return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0])

@@ -1,0 +1,261 @@
+"""The bwrap runtime: namespaces + seccomp + cgroups + rlimits on the host kernel (weaker tier).
+
+Opt-in only (SANDCELL_ALLOW_WEAK_ISOLATION=1): the program talks to the host kernel directly,
+filtered by seccomp.py, instead of to gVisor's user-space kernel.
+
+<state_dir>/sandboxes/<id>/        scratch of one sandbox (see scratch.py); these directories
+                                   are 0711 so that bwrap, running as the sandbox's uid, can
+                                   reach its bind sources (but list nothing)
+/sys/fs/cgroup/<ctl>/sandcell/<key>/<id>   its cgroup; <key> is derived from state_dir
+
+Every sandbox runs as a host uid of its own (from a range derived from state_dir), mapped to
+65534 inside its user namespace. Per-user kernel limits (inotify instances, pipe buffers,
+RLIMIT_NPROC, user namespaces) are then per sandbox, never shared between tenants, and "no
+process of that uid is left" is a second proof of release next to the empty cgroup.
+"""
+
+import collections
+import hashlib
+import os
+import re
+import shutil
+import stat
+import subprocess
+import threading
+from pathlib import Path
+
+from sandcell.domain.errors import RuntimeUnavailable
+from sandcell.domain.limits import Limits
+from sandcell.domain.states import Reason
+from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
+from sandcell.runtime import cgroups, reap
+from sandcell.runtime.bwrap_run import (
+    LAUNCH_ENV,
+    BwrapRun,
+    args_memfd,
+    cgroup_limits,
+    isolation_args,
+    launcher,
+    memfd_with,
+    processes_of_uid,
+)
+from sandcell.runtime.cgroups import SandboxCgroup
+from sandcell.runtime.scratch import Scratch, probe_loop_disk
+from sandcell.runtime.seccomp import compile_filter
+
+SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # names dirs and cgroups
+TOOLS = ("bwrap", "setpriv", "prlimit")
+UID_BASE, UID_BLOCK, UID_BLOCKS = 1_000_000_000, 65536, 16384  # stays below 2**31
+PROBE_TIMEOUT_S = 30
+# What the probe sandbox must report about itself: the seccomp filter is on (mode 2),
+# no_new_privs is set and not one capability is left, in any set.
+PROBE_EXPECTS = {"Seccomp:": "2", "NoNewPrivs:": "1"}
+PROBE_LIMITS = Limits(memory_mb=64, pids=8)
+# The probe needs no image: the host's /usr, read-only, is enough to run `cat`.
+PROBE_FS = "--ro-bind /usr /usr --symlink usr/lib /lib --symlink usr/lib64 /lib64 --proc /proc"
+PROBE_COMMAND = ("/usr/bin/cat", "/proc/self/status")
+
+
+class UidPool:
+    """Host uids for sandboxes: one per running sandbox, reused only once verified unused.
+
+    First in, first out: a uid comes back into use as late as possible.
+    """
+
+    def __init__(self, first: int, count: int) -> None:
+        self.first, self.count = first, count
+        self._free = collections.deque(range(first, first + count))
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise RuntimeUnavailable("no free sandbox uid left")
+            return self._free.popleft()
+
+    def give_back(self, uid: int) -> None:
+        with self._lock:
+            self._free.append(uid)
+
+
+class BwrapRuntime:
+    name = "bwrap"
+
+    def __init__(self, state_dir: Path, *, overhead_mb: int = 16) -> None:
+        self.state_dir = state_dir
+        self.sandboxes_dir = state_dir / "sandboxes"
+        self.overhead_mb = overhead_mb  # bwrap's own two processes and the wrapper shell
+        key = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+        self.cgroup_parent = f"sandcell/{key}"
+        block = int(key, 16) % UID_BLOCKS  # two state dirs on one host: two uid ranges
+        self.uids = UidPool(UID_BASE + block * UID_BLOCK, UID_BLOCK)
+        self._version: str | None = None
+        self._seccomp: bytes | None = None
+
+    def version(self) -> str:
+        if self._version is None:
+            try:
+                done = subprocess.run(["bwrap", "--version"], capture_output=True, text=True)
+            except OSError as exc:
+                raise RuntimeUnavailable(f"bwrap cannot run: {exc}") from exc
+            if done.returncode != 0:
+                raise RuntimeUnavailable(f"bwrap --version failed: {done.stderr.strip()}")
+            self._version = done.stdout.strip()
+        return self._version
+
+    def seccomp_filter(self) -> bytes:
+        if self._seccomp is None:
+            self._seccomp = compile_filter()
+        return self._seccomp
+
+    def check(self) -> None:
+        """Fail closed: raise RuntimeUnavailable unless every protection can be applied."""
+        missing = [tool for tool in TOOLS if shutil.which(tool) is None]
+        if missing:
+            raise RuntimeUnavailable(f"not on PATH: {', '.join(missing)}")
+        if os.geteuid() != 0:
+            raise RuntimeUnavailable("the bwrap runtime needs root (cgroups, loop disks, uids)")
+        cgroups.require_v1()
+        self._ensure_dirs()
+        require_traversable(self.sandboxes_dir)
+        self.version()
+        self.seccomp_filter()
+        probe_loop_disk(self.state_dir)
+        self._probe_sandbox()
+
+    def run(self, spec: SandboxSpec, sink: SandboxSink, cancel: threading.Event) -> SandboxResult:
+        if not SANDBOX_ID.match(spec.sandbox_id):
+            return SandboxResult(None, Reason.RUNTIME_ERROR, "invalid sandbox id", released=True)
+        unsupported = _unsupported(spec)
+        if unsupported:  # fail closed: never run a job without something it asked for
+            detail = f"the bwrap runtime cannot attach {unsupported} yet; use gvisor for this job"
+            return SandboxResult(None, Reason.RUNTIME_ERROR, detail, released=True)
+        self._ensure_dirs()
+        scratch = Scratch(self.sandboxes_dir / spec.sandbox_id)
+        cgroup = SandboxCgroup(f"{self.cgroup_parent}/{spec.sandbox_id}")
+        if cgroup.exists() or not scratch.claim():  # atomic: never touch another run's id
+            detail = f"sandbox id {spec.sandbox_id} is already in use"
+            return SandboxResult(None, Reason.RUNTIME_ERROR, detail, released=True)
+        try:
+            uid = self.uids.take()
+        except RuntimeUnavailable as exc:
+            scratch.teardown()
+            return SandboxResult(None, Reason.RUNTIME_ERROR, str(exc), released=True)
+        result = self._execute(spec, sink, cancel, scratch, cgroup, uid)
+        if result.released:  # a uid something may still run as is never handed out again
+            self.uids.give_back(uid)
+        return result
+
+    def _execute(
+        self,
+        spec: SandboxSpec,
+        sink: SandboxSink,
+        cancel: threading.Event,
+        scratch: Scratch,
+        cgroup: SandboxCgroup,
+        uid: int,
+    ) -> SandboxResult:
+        try:
+            seccomp = self.seccomp_filter()
+        except RuntimeUnavailable as exc:
+            scratch.teardown()
+            return SandboxResult(None, Reason.RUNTIME_ERROR, str(exc), released=True)
+        run = BwrapRun(
+            spec,
+            sink,
+            cancel,
+            scratch=scratch,
+            cgroup=cgroup,
+            uid=uid,
+            seccomp=seccomp,
+            overhead_mb=self.overhead_mb,
+        )
+        return run.execute()
+
+    def reap(self) -> list[str]:
+        """Remove what an earlier crash of a runtime with this state_dir left behind.
+
+        Call it before the first `run`: it removes every sandbox this state_dir knows of.
+        """
+        return reap.reap_cgroups(self.cgroup_parent) + reap.reap_scratch(self.sandboxes_dir)
+
+    def _ensure_dirs(self) -> None:
+        for path in (self.state_dir, self.sandboxes_dir):
+            path.mkdir(mode=0o711, parents=True, exist_ok=True)
+            path.chmod(0o711)  # traversable by the sandboxes' uids, listable only by root
+
+    def _probe_sandbox(self) -> None:
+        """Start one sandbox over the host's /usr exactly as jobs start, and ask it about itself.
+
+        This proves that user namespaces work here and that the filter, no_new_privs and the
+        capability drop are really in force; anything else is RuntimeUnavailable.
+        """
+        status = self._probe_status()
+        for key, expected in PROBE_EXPECTS.items():
+            if status.get(key) != expected:
+                raise RuntimeUnavailable(
+                    f"bwrap probe: {key} is {status.get(key)!r}, not {expected}"
+                )
+        caps = [k for k, v in status.items() if k.startswith("Cap") and int(v, 16) != 0]
+        if caps or status.get("Uid:") != "65534":
+            raise RuntimeUnavailable(f"bwrap probe: uid {status.get('Uid:')}, capabilities {caps}")
+
+    def _probe_status(self) -> dict[str, str]:
+        """/proc/self/status of `cat`, run under the full isolation over the host's /usr."""
+        cgroup = SandboxCgroup(f"{self.cgroup_parent}/.probe-{os.getpid()}")
+        cgroup.create(cgroup_limits(PROBE_LIMITS, self.overhead_mb))
+        uid = self.uids.take()
+        seccomp_fd = memfd_with("sandcell-seccomp", self.seccomp_filter())
+        args_fd = args_memfd([*isolation_args(seccomp_fd), *PROBE_FS.split()])
+        try:
+            done = subprocess.run(
+                launcher(cgroup, uid, PROBE_LIMITS, args_fd, list(PROBE_COMMAND)),
+                capture_output=True,
+                text=True,
+                timeout=PROBE_TIMEOUT_S,
+                pass_fds=(seccomp_fd, args_fd),
+                env=LAUNCH_ENV,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise RuntimeUnavailable(f"bwrap probe failed: {exc}") from exc
+        finally:
+            os.close(seccomp_fd)
+            os.close(args_fd)
+            cgroup.kill_all()
+            cgroup.remove()
+            if not processes_of_uid(uid):
+                self.uids.give_back(uid)
+        if done.returncode != 0:
+            raise RuntimeUnavailable(f"bwrap cannot start a sandbox: {done.stderr.strip()[-500:]}")
+        return _status_fields(done.stdout)
+
+
+def _unsupported(spec: SandboxSpec) -> str:
+    """What the spec asks for that this runtime does not provide yet ("" if nothing)."""
+    wanted = {
+        "network egress": spec.egress is not None,
+        "a guest channel (stages)": spec.guest_channel is not None,
+        "restored stage outputs": bool(spec.restore_outputs),
+    }
+    return ", ".join(name for name, asked in wanted.items() if asked)
+
+
+def require_traversable(path: Path) -> None:
+    """bwrap runs as the sandbox's uid and opens its bind sources by path: every directory
+    above them must let others through (o+x), or no sandbox could start."""
+    for directory in [path, *path.parents]:
+        if not directory.stat().st_mode & stat.S_IXOTH:
+            raise RuntimeUnavailable(
+                f"{directory} is not traversable by other users (o+x): the bwrap runtime "
+                "needs its state directory under world-traversable directories"
+            )
+
+
+def _status_fields(text: str) -> dict[str, str]:
+    """The lines of a /proc status file as {"Key:": its first value}."""
+    fields = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2:
+            fields[parts[0]] = parts[1]
+    return fields

@@ -1,0 +1,363 @@
+"""One bwrap sandbox from scratch disk to release: launch, watch every limit, decide the reason.
+
+The launch chain, each step exec'ing the next so that nothing runs outside the cgroup:
+
+    sh (root)   joins the sandbox's cgroup in every controller
+    prlimit     sets NOFILE, CORE 0, FSIZE (the disk size) and NPROC
+    setpriv     becomes the sandbox's own host uid, no groups, no capabilities, no_new_privs
+    bwrap       new user/pid/net/ipc/uts/mount/cgroup namespaces, uid 65534 inside, the
+                seccomp filter, the image root read-only; its arguments come from a memfd
+                (`--args`), so the sandbox's pid 1 shows no host paths in its cmdline
+
+How each reason is told apart (first match wins), as in the gVisor runtime:
+
+- cancelled / timeout / output_limit: the watch loop saw it and killed the whole cgroup;
+- memory: the cgroup's `oom_kill` counter moved (the kernel OOM killer took a guest process);
+- pids: the cgroup's `pids.events` max counter moved (a fork or thread past `pids` failed);
+- runtime_error: the ready line never came (bwrap could not build the sandbox);
+- none: exit status 0;
+- disk: a failing exit while the scratch disk has no free blocks or inodes left;
+- exit_code: any other failing exit (128 + n for death by signal n, as bwrap reports it).
+"""
+
+import contextlib
+import os
+import select
+import subprocess
+import threading
+import time
+
+from sandcell.domain.errors import RuntimeUnavailable
+from sandcell.domain.limits import Limits
+from sandcell.domain.states import Reason
+from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
+from sandcell.runtime.bundle import NOFILE, check_env, ready_wrapper
+from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
+from sandcell.runtime.outputs import collect_outputs
+from sandcell.runtime.scratch import GUEST_UID, Scratch, ScratchError
+from sandcell.runtime.streams import Streams
+
+TICK_S = 0.02  # how often limits and `cancel` are looked at
+START_TIMEOUT_S = 30.0
+EXIT_WAIT_S = 5.0
+# Tasks of bwrap itself in the cgroup: the outer process and the sandbox's pid 1 (which reaps
+# orphans, so that the program is never pid 1 with its odd signal rules).
+BWRAP_TASKS = 2
+MiB = 1024 * 1024
+LAUNCH_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
+
+
+def cgroup_limits(limits: Limits, overhead_mb: int) -> CgroupLimits:
+    # bwrap's two tasks are ours: the program gets exactly `pids`, and one more trips the limit.
+    return CgroupLimits(
+        (limits.memory_mb + overhead_mb) * MiB, limits.cpu, limits.pids + BWRAP_TASKS
+    )
+
+
+def isolation_args(seccomp_fd: int) -> list[str]:
+    """Namespaces, identity, capabilities, seccomp: the same for every sandbox and the probe."""
+    return [
+        *("--unshare-all", "--unshare-user", "--disable-userns"),
+        *("--uid", str(GUEST_UID), "--gid", str(GUEST_UID), "--hostname", "sandbox"),
+        *("--die-with-parent", "--new-session", "--cap-drop", "ALL"),
+        *("--seccomp", str(seccomp_fd)),
+    ]
+
+
+def bwrap_args(spec: SandboxSpec, scratch: Scratch, seccomp_fd: int) -> list[str]:
+    """Everything the sandbox may see or do, as bwrap options (the command goes apart)."""
+    tmpfs_bytes = str(spec.limits.memory_mb * MiB)  # tmpfs pages count against the cgroup too
+    env = [arg for key, value in spec.env.items() for arg in ("--setenv", key, value)]
+    return [
+        *isolation_args(seccomp_fd),
+        *("--ro-bind", str(spec.image.rootfs), "/", "--proc", "/proc", "--dev", "/dev"),
+        *("--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/tmp"),
+        *("--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm"),
+        *("--ro-bind", str(scratch.job), "/job", "--ro-bind", str(scratch.input), "/input"),
+        *("--bind", str(scratch.workspace), "/workspace"),
+        *("--bind", str(scratch.output), "/output"),
+        *("--chdir", "/workspace", "--clearenv", *env),
+    ]
+
+
+def command(spec: SandboxSpec) -> list[str]:
+    """What bwrap runs: the wrapper that prints the ready line, then the program."""
+    return [*ready_wrapper(spec.env), *spec.argv]
+
+
+def args_memfd(args: list[str]) -> int:
+    """bwrap reads its arguments from here (`--args FD`), NUL-separated."""
+    return memfd_with("sandcell-bwrap-args", b"".join(arg.encode() + b"\0" for arg in args))
+
+
+def launcher(
+    cgroup: SandboxCgroup, uid: int, limits: Limits, args_fd: int, argv: list[str]
+) -> list[str]:
+    nproc = limits.pids + BWRAP_TASKS + 1  # a backstop: the cgroup's pids.max trips first
+    fsize = limits.disk_mb * MiB
+    return [
+        *("/bin/sh", "-c", JOIN_SCRIPT, "join-cgroups", *map(str, cgroup.procs_files()), "--"),
+        *("prlimit", f"--nofile={NOFILE}", "--core=0", f"--fsize={fsize}", f"--nproc={nproc}"),
+        *("--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"),
+        *("--inh-caps=-all", "--no-new-privs", "--"),
+        *("bwrap", "--args", str(args_fd), "--", *argv),  # options from the fd only
+    ]
+
+
+def memfd_with(name: str, data: bytes) -> int:
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)  # pass_fds hands it to bwrap, and nobody else
+    os.write(fd, data)
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Live host processes whose real uid is `uid`: a released sandbox's uid has none.
+
+    Zombies are left out: they run nothing and hold nothing, and bwrap's pid 1 can be one for
+    a moment after the outer bwrap exits (the host's init reaps it). Raw reads of the head of
+    each status file keep this at ~0.5 ms for a few hundred processes: it runs on every release.
+    """
+    real_uid = b"\nUid:\t%d\t" % uid
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            head = _status_head(f"/proc/{name}/status")
+            if real_uid in head and b"\nState:\tZ" not in head:
+                found.append(int(name))
+    return found
+
+
+def _status_head(path: str) -> bytes:
+    """The first KiB of a /proc status file (Name to Gid); empty if the process is gone."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, 1024)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+class BwrapRun:
+    def __init__(
+        self,
+        spec: SandboxSpec,
+        sink: SandboxSink,
+        cancel: threading.Event,
+        *,
+        scratch: Scratch,
+        cgroup: SandboxCgroup,
+        uid: int,
+        seccomp: bytes,
+        overhead_mb: int,
+    ) -> None:
+        self.spec, self.sink, self.cancel = spec, sink, cancel
+        self.scratch, self.cgroup, self.uid = scratch, cgroup, uid
+        self.seccomp, self.overhead_mb = seccomp, overhead_mb
+        self.limits = spec.limits
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.streams: Streams | None = None
+        self.kill_reason: Reason | None = None
+        self.launched_at = 0.0
+        self.usage: dict[str, float] = {}
+
+    def execute(self) -> SandboxResult:
+        started = time.monotonic()
+        try:
+            result = self._run()
+        finally:
+            problems = self._release()
+        result.released = not problems
+        if problems:
+            result.detail = "; ".join([result.detail, "not released: " + ", ".join(problems)])
+        result.usage = self.usage | {"wall_s": round(time.monotonic() - started, 3)}
+        if self.streams is not None and self.streams.error is not None:
+            raise self.streams.error  # the sink's own failure is the caller's to handle
+        return result
+
+    def _run(self) -> SandboxResult:
+        try:
+            self._prepare()
+            streams = self._launch()
+        except (OSError, ScratchError, ValueError, RuntimeUnavailable) as exc:
+            return SandboxResult(None, Reason.RUNTIME_ERROR, f"cannot start the sandbox: {exc}")
+        self._watch(streams)
+        exit_code = self._wait_exit(streams)
+        result = self._decide(streams, exit_code)
+        self._collect(streams)
+        return result
+
+    def _prepare(self) -> None:
+        check_env(self.spec.env)
+        # bwrap runs as the sandbox's uid: it must get through (not list) the root-only dirs.
+        self.scratch.root.chmod(0o711)
+        self.scratch.create(self.spec.code, self.spec.inputs, self.limits.disk_mb)
+        for path in (self.scratch.workspace, self.scratch.output):
+            os.chown(path, self.uid, self.uid)  # seen as 65534 inside, and writable only there
+        self.cgroup.create(cgroup_limits(self.limits, self.overhead_mb))
+
+    def _launch(self) -> Streams:
+        seccomp_fd = memfd_with("sandcell-seccomp", self.seccomp)
+        args_fd = args_memfd(bwrap_args(self.spec, self.scratch, seccomp_fd))
+        try:
+            self.launched_at = time.monotonic()
+            self.proc = subprocess.Popen(
+                launcher(self.cgroup, self.uid, self.limits, args_fd, command(self.spec)),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                env=LAUNCH_ENV,  # nothing of the worker's environment reaches the sandbox
+                pass_fds=(seccomp_fd, args_fd),
+                start_new_session=True,
+            )
+        finally:
+            os.close(seccomp_fd)
+            os.close(args_fd)
+        assert self.proc.stdout is not None and self.proc.stderr is not None
+        cap = int(self.limits.output_mb * MiB)
+        self.streams = Streams(self.proc.stdout, self.proc.stderr, self.sink, cap)
+        self.streams.start()
+        return self.streams
+
+    def _watch(self, streams: Streams) -> None:
+        assert self.proc is not None
+        # Waiting on a pidfd, not sleeping: the exit ends the wait at once, and a sandbox that
+        # prints 1 lives for about as long as one tick.
+        exited = os.pidfd_open(self.proc.pid)
+        try:
+            while not select.select([exited], [], [], 0)[0]:
+                reason = self._limit_crossed(streams)
+                if reason is not None:
+                    self.kill_reason = reason
+                    self._kill()
+                    return
+                select.select([exited], [], [], TICK_S)
+        finally:
+            os.close(exited)
+
+    def _limit_crossed(self, streams: Streams) -> Reason | None:
+        if self.cancel.is_set():
+            return Reason.CANCELLED
+        if streams.error is not None:
+            return Reason.INTERNAL
+        if streams.budget.exceeded.is_set():
+            return Reason.OUTPUT_LIMIT
+        if self.cgroup.oom_kills():
+            return Reason.MEMORY
+        if self.cgroup.pids_limit_hits():
+            return Reason.PIDS
+        now = time.monotonic()
+        if streams.ready_at is None:
+            return Reason.RUNTIME_ERROR if now > self.launched_at + START_TIMEOUT_S else None
+        return Reason.TIMEOUT if now > streams.ready_at + self.limits.timeout_s else None
+
+    def _kill(self) -> bool:
+        """SIGKILL every process of the sandbox; True once none is left.
+
+        bwrap's outer process goes last: it reaps the sandbox's pid 1 and then exits by itself.
+        Killed first, it would leave that pid 1 to the host's init, as a zombie for a while.
+        """
+        if self.proc is not None and self.proc.poll() is None:
+            self.cgroup.kill_all(EXIT_WAIT_S, spare=frozenset({self.proc.pid}))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(EXIT_WAIT_S)
+        return self.cgroup.kill_all()
+
+    def _wait_exit(self, streams: Streams) -> int:
+        assert self.proc is not None
+        try:
+            self.proc.wait(EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self._kill()
+            self.proc.wait(EXIT_WAIT_S)
+        if not streams.join(EXIT_WAIT_S):  # a process of the sandbox still holds a pipe open
+            self._kill()
+            streams.join(EXIT_WAIT_S)
+        self.usage.update(self.cgroup.usage())
+        self.usage["output_bytes"] = streams.budget.used
+        if streams.ready_at is not None:
+            self.usage["start_s"] = round(streams.ready_at - self.launched_at, 3)
+        code = self.proc.returncode
+        return 128 - code if code < 0 else code  # bwrap killed by signal n: 128+n
+
+    def _decide(self, streams: Streams, exit_code: int) -> SandboxResult:
+        if self.kill_reason is not None:
+            return SandboxResult(None, self.kill_reason, self._describe(self.kill_reason))
+        for reason, crossed in (
+            (Reason.OUTPUT_LIMIT, streams.budget.exceeded.is_set()),  # cut after it ended
+            (Reason.MEMORY, self.cgroup.oom_kills() > 0),
+            (Reason.PIDS, self.cgroup.pids_limit_hits() > 0),
+        ):
+            if crossed:
+                return SandboxResult(None, reason, self._describe(reason))
+        if streams.ready_at is None:
+            said = streams.early_text()
+            detail = f"bwrap failed to start the sandbox (exit {exit_code}): {said}"
+            return SandboxResult(None, Reason.RUNTIME_ERROR, detail)
+        if exit_code == 0:
+            return SandboxResult(0, None)
+        if self.scratch.disk_full():
+            return SandboxResult(exit_code, Reason.DISK, self._describe(Reason.DISK))
+        return SandboxResult(exit_code, Reason.EXIT_CODE, f"exit code {exit_code}")
+
+    def _describe(self, reason: Reason) -> str:
+        limits = self.limits
+        assert self.streams is not None
+        return {
+            Reason.CANCELLED: "cancelled",
+            Reason.TIMEOUT: f"wall-clock limit of {limits.timeout_s:g} s",
+            Reason.OUTPUT_LIMIT: f"output limit of {self.streams.budget.cap} bytes",
+            Reason.PIDS: f"process limit of {limits.pids}",
+            Reason.MEMORY: f"memory limit of {limits.memory_mb} MB",
+            Reason.DISK: f"disk limit of {limits.disk_mb} MB",
+            Reason.INTERNAL: f"the output sink failed: {self.streams.error!r}",
+        }.get(reason, f"the sandbox did not start within {START_TIMEOUT_S:g} s")
+
+    def _collect(self, streams: Streams) -> None:
+        if streams.error is not None or not self.scratch.is_mounted():
+            return
+        collected = collect_outputs(self.scratch.output, self.sink)
+        self.usage["output_files"] = collected.files
+        self.usage["skipped_outputs"] = collected.skipped
+        self.usage["disk_bytes"] = self.scratch.used_bytes()
+
+    def _release(self) -> list[str]:
+        """Remove everything of this sandbox from the host; return what is still there."""
+        problems: list[str] = []
+        for step in (self._empty_cgroup, self._teardown_scratch, self._uid_unused):
+            try:
+                problems += step()
+            except OSError as exc:  # keep releasing what can be released
+                problems.append(f"{step.__name__}: {exc}")
+        return problems
+
+    def _empty_cgroup(self) -> list[str]:
+        if not self._kill():
+            return ["processes left in the cgroup"]
+        if self.proc is not None:
+            self.proc.wait(EXIT_WAIT_S)  # our direct child: reap it, or it stays a zombie
+        return [] if self.cgroup.remove() else [f"cgroup {self.cgroup.relpath}"]
+
+    def _teardown_scratch(self) -> list[str]:
+        """Unmount and detach the scratch disk, waiting a moment if the kernel is still busy.
+
+        The sandbox's mount namespace (and a concurrent bwrap's copy of the host's mounts) can
+        outlive the last process by a moment, holding the loop device: then it is detached
+        only once the kernel lets go of it.
+        """
+        problems = self.scratch.teardown()
+        deadline = time.monotonic() + EXIT_WAIT_S
+        while problems and time.monotonic() < deadline:
+            time.sleep(0.02)
+            problems = self.scratch.teardown()  # idempotent: only what is left is redone
+        return problems
+
+    def _uid_unused(self) -> list[str]:
+        """A second, independent check: nothing on the host runs as the sandbox's uid."""
+        left = processes_of_uid(self.uid)
+        return [f"processes of uid {self.uid}: {left}"] if left else []

@@ -1,0 +1,61 @@
+"""Removing what a crashed runtime left on the host: cgroups, mounts, loop devices, scratch.
+
+Shared by the runtimes that keep their sandboxes under `<state_dir>/sandboxes` and their
+cgroups under one parent (see cgroups.py and scratch.py).
+"""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from sandcell.runtime import cgroups
+from sandcell.runtime.cgroups import SandboxCgroup
+from sandcell.runtime.scratch import attached_loops
+
+
+def reap_cgroups(parent: str) -> list[str]:
+    """Kill every process in every cgroup under `parent`, then remove them and `parent`."""
+    removed = []
+    for name in sorted(cgroups.children(parent)):
+        cgroup = SandboxCgroup(f"{parent}/{name}")
+        cgroup.kill_all()
+        cgroup.remove()
+        removed.append(f"cgroup {cgroup.relpath}")
+    # The parent too, now empty: one per state_dir would otherwise pile up (`run` remakes it).
+    SandboxCgroup(parent).remove(timeout_s=0)
+    return removed
+
+
+def reap_scratch(sandboxes_dir: Path) -> list[str]:
+    """Unmount, detach and delete every scratch directory under `sandboxes_dir`."""
+    removed = []
+    prefix = f"{sandboxes_dir}/"
+    for mount_point in mounts_under(prefix):
+        subprocess.run(["umount", "--lazy", mount_point], capture_output=True, check=False)
+        removed.append(f"mount {mount_point}")
+    for device, backing in attached_loops().items():
+        if backing.startswith(prefix):
+            subprocess.run(["losetup", "--detach", device], capture_output=True, check=False)
+            removed.append(f"loop device {device}")
+    if sandboxes_dir.is_dir():
+        for leftover in sorted(sandboxes_dir.iterdir()):
+            shutil.rmtree(leftover, ignore_errors=True)
+            removed.append(f"scratch {leftover.name}")
+    return removed
+
+
+def mounts_under(prefix: str) -> list[str]:
+    """Mount points below `prefix`, deepest first (so they unmount in order)."""
+    points = []
+    with open("/proc/self/mountinfo") as mountinfo:
+        for line in mountinfo:
+            point = _unescape(line.split()[4])
+            if point.startswith(prefix):
+                points.append(point)
+    return sorted(points, key=len, reverse=True)
+
+
+def _unescape(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash as octal escapes."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)

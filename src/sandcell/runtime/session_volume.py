@@ -1,0 +1,95 @@
+"""A session's scratch: like a job's (see scratch.py), but its disk outlives the sandbox.
+
+    <session state_dir>/workspace.img    ext4 image of disk_mb: /workspace and /output
+    <session state_dir>/checkpoint/      runsc's memory checkpoint, while paused (session.py)
+    <runtime state>/sessions/<id>/       the per-sandbox rest: bundle, mount point, logs
+
+The image lives in the session's own state_dir, so the files survive pause, stop, resume and a
+restart of the server; only the mount and the per-sandbox directory go with the sandbox.
+"""
+
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sandcell.runtime.scratch import (
+    GUEST_UID,
+    INODES_PER_MB,
+    MIN_INODES,
+    MOUNT_OPTIONS,
+    Scratch,
+    ScratchError,
+    attached_loops,
+)
+
+VOLUME_NAME = "workspace.img"
+# Unlike a job's throwaway disk, this one may see a crash mid-write and is used again: it keeps
+# ext4's journal, and it is checked (`e2fsck -p`, which only makes safe repairs) before mounts.
+MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-E", "nodiscard")
+COMMAND_TIMEOUT_S = 60
+
+
+@dataclass
+class SessionScratch(Scratch):
+    volume: Path = field(default_factory=Path)  # <state_dir>/workspace.img
+
+    @property
+    def image(self) -> Path:
+        return self.volume
+
+    @property
+    def stderr(self) -> Path:
+        return self.root / "runsc.stderr"  # runsc's and the kernel's own (pre-capture) stderr
+
+    def create_session(self, disk_mb: int) -> None:
+        """Fill a claimed scratch root and mount the session's volume (made on first use)."""
+        for path in (self.bundle, self.job, self.input, self.disk):
+            path.mkdir(mode=0o755)
+        if self.volume.exists():
+            _check(self.volume)
+        else:
+            _format(self.volume, disk_mb)
+        # `-o loop` sets the loop device to auto-clear: it goes away with the last unmount,
+        # also when a crash left only a lazy unmount to do (see GVisorRuntime.reap).
+        _run("mount", "-t", "ext4", "-o", f"loop,{MOUNT_OPTIONS}", str(self.volume), str(self.disk))
+        self.loop_device = _loop_of(self.volume)
+        for path in (self.workspace, self.output):
+            path.mkdir(mode=0o755, exist_ok=True)
+            os.chown(path, GUEST_UID, GUEST_UID)
+
+
+def _format(volume: Path, disk_mb: int) -> None:
+    """Make the volume under a temporary name: a crash never leaves a half-made one in place."""
+    volume.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    partial = volume.with_name(f".{volume.name}.partial")
+    with open(partial, "wb") as img:
+        img.truncate(disk_mb * 1024 * 1024)
+    inodes = max(MIN_INODES, disk_mb * INODES_PER_MB)
+    _run("mkfs.ext4", *MKFS_OPTIONS, "-N", str(inodes), str(partial))
+    partial.chmod(0o600)
+    os.replace(partial, volume)
+
+
+def _check(volume: Path) -> None:
+    # Exit codes 0-1 mean clean or fixed; anything else needs a human (and fails the start).
+    cmd = ["e2fsck", "-p", str(volume)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ScratchError(f"e2fsck failed: {exc}") from exc
+    if done.returncode > 1:
+        raise ScratchError(f"workspace volume needs repair: {done.stdout[-300:]}")
+
+
+def _loop_of(volume: Path) -> str | None:
+    return next((dev for dev, f in attached_loops().items() if f == str(volume)), None)
+
+
+def _run(*cmd: str) -> None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise ScratchError(f"{cmd[0]} failed: {exc}") from exc
+    if done.returncode != 0:
+        raise ScratchError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")

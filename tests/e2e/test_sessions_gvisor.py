@@ -1,0 +1,119 @@
+"""Sessions end to end: real server, real runsc, the python-data image, over HTTP."""
+
+import base64
+import struct
+import time
+
+import httpx
+import pytest
+
+from tests.e2e.conftest import Server, host_processes_mentioning
+
+pytestmark = pytest.mark.gvisor
+
+CHART = """
+import pandas as pd, matplotlib.pyplot as plt
+df = pd.read_csv('/workspace/data.csv')
+fig, ax = plt.subplots(figsize=(4, 3))
+df.plot(x='day', y='sales', ax=ax)
+plt.show()
+df.describe()
+"""
+
+
+def _client(server: Server, name: str) -> httpx.Client:
+    return httpx.Client(base_url=server.url, headers=server.tenant(name), timeout=120)
+
+
+def _execute(http: httpx.Client, sid: str, code: str, timeout: float = 60) -> dict:
+    answer = http.post(f"/v1/sessions/{sid}/execute", json={"code": code, "timeout_s": timeout})
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def test_a_session_keeps_state_plots_pngs_and_survives_errors(server: Server) -> None:
+    with _client(server, "ses-basic") as http:
+        session = http.post("/v1/sessions", json={"image": "python-data"})
+        assert session.status_code == 201, session.text
+        sid = session.json()["id"]
+        assert _execute(http, sid, "x = 41")["error"] is None
+        assert _execute(http, sid, "x + 1")["result"] == "42"
+        rows = "day,sales\n" + "".join(f"{d},{d * 3 % 7}\n" for d in range(30))
+        http.put(f"/v1/sessions/{sid}/files/data.csv", content=rows.encode()).raise_for_status()
+        cell = _execute(http, sid, CHART)
+        assert cell["error"] is None, cell["error"]
+        png = next(d for d in cell["display"] if d["mime"] == "image/png")
+        raw = base64.b64decode(png["data"])
+        assert raw[:8] == b"\x89PNG\r\n\x1a\n"
+        width, height = struct.unpack(">II", raw[16:24])
+        assert width > 100 and height > 100
+        assert "count" in (cell["result"] or "")
+        failing = _execute(http, sid, "1 / 0")
+        assert failing["error"]["ename"] == "ZeroDivisionError" and failing["error"]["traceback"]
+        assert _execute(http, sid, "x")["result"] == "41"
+        listing = http.get(f"/v1/sessions/{sid}/files").json()["items"]
+        assert "data.csv" in [e["name"] for e in listing]
+        stopped = http.delete(f"/v1/sessions/{sid}").json()
+        assert stopped["state"] == "stopped"
+    assert host_processes_mentioning(sid) == []
+
+
+def test_interrupt_stops_a_busy_cell_and_the_session_lives_on(server: Server) -> None:
+    with _client(server, "ses-interrupt") as http:
+        sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+        started = time.monotonic()
+        cell = _execute(http, sid, "while True: pass", timeout=1.5)
+        assert cell["timed_out"] or cell["interrupted"]
+        assert time.monotonic() - started < 10
+        assert _execute(http, sid, "1 + 1")["result"] == "2"
+        http.delete(f"/v1/sessions/{sid}")
+
+
+def test_pause_keeps_memory_and_resume_continues(server: Server) -> None:
+    with _client(server, "ses-pause") as http:
+        sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+        _execute(http, sid, "x = 41")
+        http.put(f"/v1/sessions/{sid}/files/keep.txt", content=b"kept").raise_for_status()
+        paused = http.post(f"/v1/sessions/{sid}/pause").json()
+        assert paused["state"] == "paused" and paused["memory_kept"] is True
+        assert host_processes_mentioning(sid) == []
+        resumed = http.post(f"/v1/sessions/{sid}/resume").json()
+        assert resumed["state"] == "running"
+        assert _execute(http, sid, "x + 1")["result"] == "42"
+        assert http.get(f"/v1/sessions/{sid}/files/keep.txt").content == b"kept"
+        http.delete(f"/v1/sessions/{sid}")
+
+
+def test_preview_url_reaches_a_server_in_the_session_only_with_its_token(server: Server) -> None:
+    with _client(server, "ses-preview") as http, _client(server, "ses-other") as other:
+        sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+        _execute(
+            http,
+            sid,
+            "import http.server, threading, os\n"
+            "os.makedirs('/workspace/site', exist_ok=True)\n"
+            "open('/workspace/site/index.html', 'w').write('hello from the session')\n"
+            "os.chdir('/workspace/site')\n"
+            "handler = http.server.SimpleHTTPRequestHandler\n"
+            "srv = http.server.ThreadingHTTPServer(('127.0.0.1', 8000), handler)\n"
+            "threading.Thread(target=srv.serve_forever, daemon=True).start()\n",
+        )
+        url = http.post(f"/v1/sessions/{sid}/ports/8000/url").json()["url"]
+        page = httpx.get(server.url + url + "index.html", timeout=30)
+        assert page.status_code == 200 and page.text == "hello from the session"
+        assert httpx.get(f"{server.url}/v1/previews/x.8000.1.y/index.html").status_code == 401
+        assert other.post(f"/v1/sessions/{sid}/ports/8000/url").status_code == 404
+        http.delete(f"/v1/sessions/{sid}")
+
+
+def test_an_idle_session_is_stopped_and_its_sandbox_released(server: Server) -> None:
+    with _client(server, "ses-idle") as http:
+        sid = http.post("/v1/sessions", json={"image": "python-data", "idle_timeout_s": 1}).json()[
+            "id"
+        ]
+        deadline = time.monotonic() + 30
+        while http.get(f"/v1/sessions/{sid}").json()["state"] != "stopped":
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert http.get(f"/v1/sessions/{sid}").json()["reason"] == "idle_timeout"
+    assert host_processes_mentioning(sid) == []

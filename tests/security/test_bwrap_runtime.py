@@ -1,0 +1,230 @@
+"""The bwrap runtime's lifecycle and reasons against real bwrap and the real `python` image.
+
+What it must not let a program reach is in test_isolation.py (shared with gVisor); this file is
+about how runs end, what they report, and failing closed.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sandcell.domain.errors import RuntimeUnavailable
+from sandcell.domain.images import Image
+from sandcell.domain.limits import Limits
+from sandcell.domain.states import Reason
+from sandcell.ports.egress import EgressAttachment
+from sandcell.ports.runtime import InputFile, SandboxSpec
+from sandcell.runtime.bwrap import BwrapRuntime
+from sandcell.runtime.bwrap_run import processes_of_uid
+from tests.integration.conftest import GUEST_ENV, IMAGE_DIR, RecordingSink
+from tests.security.conftest import RunCode, assert_released, processes_in_cgroup
+
+pytestmark = pytest.mark.bwrap
+
+
+def test_print_reaches_the_sink_after_ready(run_bwrap: RunCode) -> None:
+    ran = run_bwrap("print('hello from bwrap')")
+    assert ran.result.reason is None and ran.result.exit_code == 0
+    assert ran.sink.events[0] == ("ready", b"")
+    assert ran.sink.stdout == "hello from bwrap\n" and ran.sink.stderr == ""
+    usage = ran.result.usage
+    assert usage["output_bytes"] == len("hello from bwrap\n")
+    assert usage["max_memory_bytes"] > 0 and usage["cpu_s"] > 0 and usage["wall_s"] > 0
+
+
+def test_nonzero_exit_is_exit_code(run_bwrap: RunCode) -> None:
+    ran = run_bwrap("import sys; print('bye', file=sys.stderr); sys.exit(3)")
+    assert (ran.result.reason, ran.result.exit_code) == (Reason.EXIT_CODE, 3)
+    assert ran.sink.events[0] == ("ready", b"") and ran.sink.stderr == "bye\n"
+
+
+@pytest.mark.parametrize(("signal_name", "code"), [("SIGKILL", 137), ("SIGSEGV", 139)])
+def test_death_by_signal_is_exit_code_128_plus_n(
+    run_bwrap: RunCode, signal_name: str, code: int
+) -> None:
+    ran = run_bwrap(f"import os, signal; os.kill(os.getpid(), signal.{signal_name})")
+    assert (ran.result.reason, ran.result.exit_code) == (Reason.EXIT_CODE, code)
+
+
+def test_wall_clock_limit_is_timeout(run_bwrap: RunCode) -> None:
+    ran = run_bwrap("import time; print('sleeping', flush=True); time.sleep(60)", timeout_s=0.5)
+    assert ran.result.reason is Reason.TIMEOUT and ran.result.exit_code is None
+    assert ran.sink.stdout == "sleeping\n" and ran.result.usage["wall_s"] < 3
+
+
+def test_output_over_budget_is_cut_marked_and_output_limit(run_bwrap: RunCode) -> None:
+    cap = int(0.01 * 1024 * 1024)
+    ran = run_bwrap("import sys\nwhile True: sys.stdout.write('y' * 1000)", output_mb=0.01)
+    assert ran.result.reason is Reason.OUTPUT_LIMIT
+    marker = f"\n[sandcell: output truncated at {cap} bytes]\n"
+    assert ran.sink.stdout.endswith(marker) and len(ran.sink.stdout) - len(marker) == cap
+
+
+def test_processes_up_to_the_pids_budget_are_fine(run_bwrap: RunCode) -> None:
+    code = """
+import os, time
+kids = []
+for _ in range(15):  # 15 children + this process = the budget of 16
+    pid = os.fork()
+    if pid == 0:
+        time.sleep(0.3)
+        os._exit(0)
+    kids.append(pid)
+print(sum(os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids))
+"""
+    ran = run_bwrap(code, pids=16)
+    assert ran.result.reason is None and ran.sink.stdout == "0\n"
+
+
+def test_inode_flood_is_disk(run_bwrap: RunCode) -> None:
+    ran = run_bwrap("i = 0\nwhile True:\n    open(f'/output/f{i}', 'w').close(); i += 1", disk_mb=4)
+    assert ran.result.reason is Reason.DISK and ran.result.exit_code == 1
+
+
+def test_environment_is_exactly_the_specs(run_bwrap: RunCode) -> None:
+    os.environ["SANDCELL_HOST_ONLY_SECRET"] = "must-not-leak"
+    try:
+        ran = run_bwrap("print(open('/proc/self/environ', 'rb').read().decode())")
+    finally:
+        del os.environ["SANDCELL_HOST_ONLY_SECRET"]
+    started_with = dict(v.split("=", 1) for v in ran.sink.stdout.rstrip("\n").split("\0") if v)
+    assert started_with == GUEST_ENV
+
+
+def test_no_file_descriptor_or_host_path_leaks_in(run_bwrap: RunCode) -> None:
+    code = """
+import os
+print(sorted(os.listdir('/proc/self/fd')))
+print(open('/proc/1/cmdline', 'rb').read().replace(b'\\0', b' ').decode())
+"""
+    fds, pid1 = run_bwrap(code).sink.stdout.splitlines()
+    assert fds == "['0', '1', '2', '3']"  # stdio and the listing itself: no memfd, no pipe
+    assert "/var/" not in pid1 and "sandboxes" not in pid1 and pid1.startswith("bwrap --args")
+
+
+def test_outputs_are_collected_but_never_symlinks(run_bwrap: RunCode) -> None:
+    code = """
+import os
+os.makedirs('/output/sub')
+open('/output/sub/a.txt', 'w').write('hello')
+os.symlink('/etc/passwd', '/output/passwd-link')
+os.mkfifo('/output/fifo')
+"""
+    ran = run_bwrap(code)
+    assert ran.sink.files == {"sub/a.txt": b"hello"}
+    assert ran.result.usage["skipped_outputs"] == 2
+
+
+def test_cpu_quota_applies(run_bwrap: RunCode) -> None:
+    busy = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < 1: pass"
+    ran = run_bwrap(busy, cpu=0.2)
+    assert ran.result.reason is None and ran.result.usage["cpu_s"] < 0.5
+
+
+def test_a_broken_image_is_runtime_error_and_released(
+    bwrap: BwrapRuntime, python_image: Image
+) -> None:
+    broken = replace(python_image, rootfs=Path("/nonexistent-rootfs"))
+    spec = SandboxSpec("b-broken-image", broken, ["/bin/true"], GUEST_ENV, Limits())
+    result = bwrap.run(spec, RecordingSink(), threading.Event())
+    assert result.reason is Reason.RUNTIME_ERROR and result.released
+    assert "bwrap failed to start" in result.detail and "nonexistent-rootfs" in result.detail
+    assert_released(bwrap, spec.sandbox_id)
+
+
+@pytest.mark.parametrize("asks_for", ["egress", "guest_channel", "restore_outputs"])
+def test_what_bwrap_cannot_attach_yet_is_refused_rather_than_dropped(
+    bwrap: BwrapRuntime, python_image: Image, tmp_path: Path, asks_for: str
+) -> None:
+    extra = {
+        "egress": EgressAttachment(socket_dir=tmp_path, ca_bundle=tmp_path / "ca.pem"),
+        "guest_channel": tmp_path,
+        "restore_outputs": [InputFile(tmp_path / "stage.csv", "stage.csv")],
+    }[asks_for]
+    spec = SandboxSpec("b-unsupported", python_image, ["/bin/true"], GUEST_ENV, Limits())
+    result = bwrap.run(replace(spec, **{asks_for: extra}), RecordingSink(), threading.Event())
+    assert result.reason is Reason.RUNTIME_ERROR and "cannot attach" in result.detail
+    assert not (bwrap.sandboxes_dir / spec.sandbox_id).exists()
+
+
+@pytest.mark.parametrize("sandbox_id", ["../../etc", "", "a/b", "-flag"])
+def test_a_hostile_sandbox_id_is_refused(
+    bwrap: BwrapRuntime, python_image: Image, sandbox_id: str
+) -> None:
+    spec = SandboxSpec(sandbox_id, python_image, ["/bin/true"], GUEST_ENV, Limits())
+    result = bwrap.run(spec, RecordingSink(), threading.Event())
+    assert result.reason is Reason.RUNTIME_ERROR and result.detail == "invalid sandbox id"
+
+
+def test_version_names_bubblewrap(bwrap: BwrapRuntime) -> None:
+    assert re.fullmatch(r"bubblewrap \d+\.\d+\.\d+", bwrap.version())
+
+
+def test_check_fails_closed_without_bwrap(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(RuntimeUnavailable, match="not on PATH: bwrap"):
+        BwrapRuntime(tmp_path).check()
+
+
+def test_check_fails_closed_on_a_state_dir_bwrap_cannot_reach(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root")
+    tmp_path.chmod(0o700)
+    with pytest.raises(RuntimeUnavailable, match="not traversable"):
+        BwrapRuntime(tmp_path / "state").check()
+
+
+def test_check_fails_closed_without_libseccomp(
+    bwrap: BwrapRuntime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "pyseccomp", None)  # `import pyseccomp` now fails
+    with pytest.raises(RuntimeUnavailable, match="seccomp"):
+        BwrapRuntime(bwrap.state_dir).check()
+
+
+CRASHING_WORKER = """
+import sys, threading
+from pathlib import Path
+from sandcell.domain.limits import Limits
+from sandcell.ports.runtime import InputFile, SandboxSpec
+from sandcell.runtime.bwrap import BwrapRuntime
+from sandcell.runtime.images import FilesystemImageCatalog
+from tests.integration.conftest import RecordingSink
+
+state_dir, sandbox_id, image_dir = sys.argv[1:]
+image = FilesystemImageCatalog(Path(image_dir)).get("python")
+argv = [image.python, "-c", "import os, time; os.fork(); time.sleep(120)"]
+spec = SandboxSpec(sandbox_id, image, argv, {}, Limits(timeout_s=120))
+BwrapRuntime(Path(state_dir)).run(spec, RecordingSink(), threading.Event())
+"""
+
+
+def test_reap_removes_everything_a_killed_worker_left(bwrap: BwrapRuntime) -> None:
+    state_dir, sandbox_id = bwrap.state_dir / "crashed", "b-crashed-worker"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_WORKER, str(state_dir), sandbox_id, str(IMAGE_DIR)],
+        cwd=Path(__file__).parents[2],
+    )
+    runtime = BwrapRuntime(state_dir)
+    relpath = f"{runtime.cgroup_parent}/{sandbox_id}"
+    try:
+        deadline = time.monotonic() + 20
+        while len(processes_in_cgroup(relpath)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        worker.send_signal(signal.SIGKILL)  # --die-with-parent takes the sandbox down with it
+        worker.wait()
+    removed = runtime.reap()
+    assert f"cgroup {relpath}" in removed and f"scratch {sandbox_id}" in removed
+    assert f"mount {runtime.sandboxes_dir / sandbox_id / 'disk'}" in removed
+    assert_released(runtime, sandbox_id)
+    assert not processes_of_uid(runtime.uids.first)
+    assert runtime.reap() == []
