@@ -135,7 +135,7 @@ def test_print_os_system_and_subprocess_output_are_captured(session: GVisorSessi
         "os.system('echo from os.system')\n"
         "subprocess.run(['echo', 'from a subprocess'])\n"
         "print('to stderr', file=sys.stderr)\n"
-        "os.write(1, b'{\"id\": \"h1\", \"result\": {}}\\n')  # not a wire line: just output\n"
+        'os.write(1, b\'{"id": "h1", "result": {}}\\n\')  # not a wire line: just output\n'
     )
     result = session.execute(code, 30, events.append)
     assert result["stdout"] == (

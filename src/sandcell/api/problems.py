@@ -23,6 +23,8 @@ PROBLEM_TYPES: list[tuple[type[e.SandcellError], int, str]] = [
     (e.ImageUnavailable, 422, "image-unavailable"),
     (e.RuntimeUnavailable, 503, "runtime-unavailable"),
     (e.StaleLease, 409, "stale-lease"),
+    (e.SessionUnavailable, 409, "session-unavailable"),
+    (e.PreviewUnavailable, 502, "preview-unavailable"),
 ]
 
 

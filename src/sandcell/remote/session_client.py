@@ -18,6 +18,7 @@ ERRORS: dict[int, type[e.SandcellError]] = {
     409: e.Conflict,
     413: e.PayloadTooLarge,
     422: e.InvalidRequest,
+    502: e.PreviewUnavailable,
     503: e.RuntimeUnavailable,
 }
 

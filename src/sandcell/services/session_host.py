@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sandcell.domain.errors import Conflict, SandcellError
+from sandcell.domain.errors import Conflict, SandcellError, SessionUnavailable
 from sandcell.domain.limits import Limits
 from sandcell.domain.sessions import Session, SessionState
 from sandcell.ports.egress import Egress, EgressSession, SecretBinding
@@ -143,10 +143,29 @@ class LocalSessionHost:
 
     def execute(self, session_id: str, code: str, timeout_s: float) -> CellResult:
         live = self._get(session_id)
-        with live.lock:
-            result = live.sandbox.execute(code, timeout_s)
+        try:
+            with live.lock:
+                result = live.sandbox.execute(code, timeout_s)
+        except SessionUnavailable as exc:
+            self._ended(session_id, live, exc.detail)
+            raise
         self.store.touch_session(session_id, time.time())
         return result
+
+    def _ended(self, session_id: str, live: LiveSession, detail: str) -> None:
+        """The sandbox died under a cell (e.g. out of memory): release it, keep the files."""
+        with self._lock:
+            self._live.pop(session_id, None)
+        live.sandbox.stop()
+        if live.egress is not None:
+            live.egress.close()
+        self.store.update_session(
+            session_id,
+            state=SessionState.FAILED,
+            reason="error",
+            detail=detail,
+            stopped_at=time.time(),
+        )
 
     def interrupt(self, session_id: str) -> None:
         self._get(session_id).sandbox.interrupt()
@@ -160,9 +179,7 @@ class LocalSessionHost:
         headers: list[tuple[str, str]],
         body: bytes,
     ) -> HttpReply:
-        sandbox: Any = self._get(session_id).sandbox
-        reply: HttpReply = sandbox.http(port, method, target, headers, body)
-        return reply
+        return self._get(session_id).sandbox.http(port, method, target, headers, body)
 
     # files
 
