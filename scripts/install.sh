@@ -18,3 +18,4 @@ python3 -m uv --version >/dev/null 2>&1 || python3 -m pip install --quiet uv
 python3 -m uv sync --frozen --quiet
 
 .venv/bin/sandcell image build python
+.venv/bin/sandcell image build python-data
