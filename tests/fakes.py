@@ -113,6 +113,7 @@ class FakeSessionSandbox:
         self.workspace.mkdir(parents=True, exist_ok=True)
         self.namespace: dict[str, object] = {}
         self.stopped = False
+        self.memory_restored = False
 
     def execute(self, code: str, timeout_s: float, on_event: object = None) -> dict[str, object]:
         import contextlib

@@ -16,8 +16,10 @@ from sandcell.egress.validation import EgressValidator
 from sandcell.ports.egress import Egress
 from sandcell.ports.runtime import Runtime
 from sandcell.ports.secrets import NetworkValidator
+from sandcell.remote.guest_channel import SocketGuestChannels
 from sandcell.remote.session_client import HttpSessionHosts
 from sandcell.runtime.images import FilesystemImageCatalog
+from sandcell.runtime.session import GVisorSessionRuntime
 from sandcell.services.auth import AuthService
 from sandcell.services.files import FileService
 from sandcell.services.jobs import JobPolicy, JobService
@@ -79,7 +81,7 @@ def network_validator(settings: Settings) -> NetworkValidator | None:
 
 def build_services(settings: Settings) -> Services:
     store = build_store(settings)
-    blobs = FilesystemBlobStore(settings.data_dir / "blobs")
+    blobs = FilesystemBlobStore(settings.blob_root)
     images = FilesystemImageCatalog(settings.image_dir)
     policy = JobPolicy(
         default_image=settings.default_image,
@@ -170,14 +172,17 @@ def build_worker(settings: Settings, url: str | None = None) -> Worker:
         drain_s=settings.drain_s,
         url=url,
     )
-    blobs = FilesystemBlobStore(settings.data_dir / "blobs")
+    blobs = FilesystemBlobStore(settings.blob_root)
     images = FilesystemImageCatalog(settings.image_dir)
     egress = build_egress(settings)
     secrets_service = SecretService(store, secret_cipher(settings))
     sessions = (
         build_session_host(settings, store, images, config.worker_id, egress) if url else None
     )
-    return Worker(store, blobs, runtime, images, config, egress, secrets_service, sessions)
+    channels = SocketGuestChannels(settings.data_dir / "channels")
+    return Worker(
+        store, blobs, runtime, images, config, egress, secrets_service, sessions, channels
+    )
 
 
 def build_session_host(
@@ -187,9 +192,10 @@ def build_session_host(
     worker_id: str,
     egress: Egress | None,
 ) -> LocalSessionHost:
-    from sandcell.runtime.session import GVisorSessionRuntime
-
     runtime = GVisorSessionRuntime(settings.data_dir / "session-sandboxes")
+    runtime.check()  # fail closed, as for jobs
+    # Sandboxes of a crashed predecessor; paused sessions live in state_root and are kept.
+    runtime.reap()
     secrets_service = SecretService(store, secret_cipher(settings))
     state_root = settings.data_dir / "sessions"
     return LocalSessionHost(store, runtime, images, state_root, worker_id, egress, secrets_service)

@@ -15,6 +15,8 @@ class Settings(BaseSettings):
     data_dir: Path = Path("/var/lib/sandcell")
     image_dir: Path = Path("/var/lib/sandcell/images")
     database_url: str = ""  # empty: SQLite in data_dir
+    # Artifacts and files; scale-out: one directory every API replica and worker shares.
+    blob_dir: Path | None = None  # None: data_dir/blobs
     host: str = "127.0.0.1"
     port: int = 8080
     admin_key: str = Field(default="", repr=False)
@@ -65,6 +67,10 @@ class Settings(BaseSettings):
     @property
     def sqlite_path(self) -> Path:
         return self.data_dir / "sandcell.db"
+
+    @property
+    def blob_root(self) -> Path:
+        return self.blob_dir or self.data_dir / "blobs"
 
     @property
     def store_url(self) -> str:

@@ -302,6 +302,43 @@ def test_stop_leaves_no_process_even_after_setsid_and_double_fork(
         live.execute("1", 5)
 
 
+def test_output_is_capped_and_a_kernel_that_exits_ends_the_session(
+    runtime: GVisorSessionRuntime, new_spec: Callable[..., SessionSpec]
+) -> None:
+    live = runtime.start(new_spec(output_mb=0.01))
+    flood = cell(live, "for _ in range(1000): print('x' * 99)")
+    assert flood["truncated"] and flood["stdout"].endswith("[output truncated]\n")
+    assert len(flood["stdout"]) <= 0.01 * 1024 * 1024 + 4096
+    assert cell(live, "print('next cell')")["stdout"] == "next cell\n"
+    with pytest.raises(SessionUnavailable, match="exited"):
+        live.execute("import os; os._exit(3)", 10)
+    assert live.stop()
+    assert_session_released(runtime, live)
+
+
+def test_reap_after_a_crash_removes_sandboxes_and_keeps_volumes(
+    runtime: GVisorSessionRuntime, new_spec: Callable[..., SessionSpec], tmp_path: Path
+) -> None:
+    crashed_runtime = GVisorSessionRuntime(tmp_path / "crashed")
+    live = crashed_runtime.start(new_spec(tmp_path / "state"))
+    cell(live, "open('/workspace/kept.txt', 'w').write('kept')")
+    assert live.proc is not None and live.channel is not None
+    live.proc.kill()  # `runsc run` dies, the sandbox lives on, nothing of it is released
+    live.proc.wait()
+    assert (crashed_runtime.base.sandboxes_dir / live.sandbox_id).exists()
+    restarted = GVisorSessionRuntime(tmp_path / "crashed")
+    assert any(live.sandbox_id in item for item in restarted.reap())
+    # The old object is still alive in this test (not in a real crash): let it notice first.
+    assert live.channel.closed.wait(10) and live.release() == []
+    assert_session_released(restarted, live)
+    again = restarted.resume(new_spec(tmp_path / "state"))
+    try:
+        assert cell(again, "open('kept.txt').read()")["result"] == "'kept'"
+    finally:
+        assert again.stop()
+        restarted.reap()  # and the runtime's parent cgroup, which `resume` made again
+
+
 def test_running_out_of_memory_ends_the_session_with_a_reason(
     runtime: GVisorSessionRuntime, new_spec: Callable[..., SessionSpec]
 ) -> None:

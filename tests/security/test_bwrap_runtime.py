@@ -21,7 +21,7 @@ from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.egress import EgressAttachment
-from sandcell.ports.runtime import InputFile, SandboxSpec
+from sandcell.ports.runtime import SandboxSpec
 from sandcell.runtime.bwrap import BwrapRuntime
 from sandcell.runtime.bwrap_run import processes_of_uid
 from tests.integration.conftest import GUEST_ENV, IMAGE_DIR, RecordingSink
@@ -140,17 +140,12 @@ def test_a_broken_image_is_runtime_error_and_released(
     assert_released(bwrap, spec.sandbox_id)
 
 
-@pytest.mark.parametrize("asks_for", ["egress", "guest_channel", "restore_outputs"])
 def test_what_bwrap_cannot_attach_yet_is_refused_rather_than_dropped(
-    bwrap: BwrapRuntime, python_image: Image, tmp_path: Path, asks_for: str
+    bwrap: BwrapRuntime, python_image: Image, tmp_path: Path
 ) -> None:
-    extra = {
-        "egress": EgressAttachment(socket_dir=tmp_path, ca_bundle=tmp_path / "ca.pem"),
-        "guest_channel": tmp_path,
-        "restore_outputs": [InputFile(tmp_path / "stage.csv", "stage.csv")],
-    }[asks_for]
+    egress = EgressAttachment(socket_dir=tmp_path, ca_bundle=tmp_path / "ca.pem")
     spec = SandboxSpec("b-unsupported", python_image, ["/bin/true"], GUEST_ENV, Limits())
-    result = bwrap.run(replace(spec, **{asks_for: extra}), RecordingSink(), threading.Event())
+    result = bwrap.run(replace(spec, egress=egress), RecordingSink(), threading.Event())
     assert result.reason is Reason.RUNTIME_ERROR and "cannot attach" in result.detail
     assert not (bwrap.sandboxes_dir / spec.sandbox_id).exists()
 

@@ -37,7 +37,8 @@ def test_revoked_key_is_refused_at_once(api: Api) -> None:
     assert api.http.delete(f"/v1/admin/keys/{key['id']}", headers=ADMIN).status_code == 204
     _problem(api.http.get("/v1/jobs", headers=auth), 401)
     stored = api.services.store.get_api_key(key["id"])
-    assert stored is not None and key["key"].split("_", 2)[2] not in stored[1]  # only a hash is kept
+    # Only a hash of the secret part is kept.
+    assert stored is not None and key["key"].split("_", 2)[2] not in stored[1]
 
 
 def test_duplicate_tenant_name_is_a_conflict(api: Api) -> None:

@@ -23,6 +23,7 @@ PROBLEM_TYPES: list[tuple[type[e.SandcellError], int, str]] = [
     (e.ImageUnavailable, 422, "image-unavailable"),
     (e.RuntimeUnavailable, 503, "runtime-unavailable"),
     (e.StaleLease, 409, "stale-lease"),
+    (e.StoreUnavailable, 503, "store-unavailable"),
     (e.SessionUnavailable, 409, "session-unavailable"),
     (e.PreviewUnavailable, 502, "preview-unavailable"),
 ]
@@ -55,6 +56,8 @@ def _domain_error(_: Request, exc: Exception) -> JSONResponse:
             )
             if isinstance(exc, e.QuotaExceeded):
                 response.headers["Retry-After"] = str(exc.retry_after_s)
+            if isinstance(exc, e.StoreUnavailable):
+                response.headers["Retry-After"] = "1"  # a restart or failover takes seconds
             return response
     return problem(500, "internal", "Internal error", "an internal error occurred")
 

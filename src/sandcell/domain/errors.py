@@ -12,6 +12,7 @@ SandcellError
 ├── ImageUnavailable       an image that is not built or whose digest no longer matches
 ├── RuntimeUnavailable     the isolation runtime cannot be applied: fail closed
 ├── StaleLease             a worker wrote with a fencing token that is no longer current
+├── StoreUnavailable       the database cannot be reached right now (restart, failover): retry
 ├── SessionUnavailable     a session's sandbox ended or stopped answering (workspace kept)
 └── PreviewUnavailable     a session's preview server did not answer (502 at the edge)
 """
@@ -83,6 +84,10 @@ class RuntimeUnavailable(SandcellError):
 
 class StaleLease(SandcellError):
     """This worker's lease on the job is no longer current."""
+
+
+class StoreUnavailable(SandcellError):
+    """The job store cannot be reached right now; try again shortly."""
 
 
 class SessionUnavailable(SandcellError):

@@ -4,7 +4,9 @@ The session runtime starts it as PID 1 of the sandbox (see sandcell.runtime.sess
 
     /usr/bin/python3.11 -I -u -c "import sys; sys.path.insert(0, '/opt'); ..."
 
-with this directory mounted read-only at /opt/sandcell. Only the stdlib and IPython are used.
+with this directory mounted read-only at /opt/sandcell. Only the stdlib and IPython are used:
+shell.py points IPython's own machinery at the wire, wire.py moves the bytes, relay.py serves
+preview requests. After `runsc restore`, the wire's fds are the restoring runsc's new pipes.
 
 Wire protocol, one JSON object per line. Host → kernel, on the sandbox's stdin:
 

@@ -87,3 +87,6 @@ class GuestChannelHandle(Protocol):
 class GuestChannels(Protocol):
     def open(self, sandbox_id: str, recorder: Any) -> GuestChannelHandle:
         """Serve `recorder` (commit_stage, once, completed) on a socket for one attempt."""
+
+    def reap(self) -> list[str]:
+        """Remove what an earlier crash left; call it before the first `open`."""

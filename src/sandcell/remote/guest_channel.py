@@ -7,6 +7,7 @@ Wire format: one JSON line per request; a commit_stage line lists files with siz
 that many bytes of each file follow. One JSON line answers.
 """
 
+import hashlib
 import json
 import logging
 import os
@@ -23,6 +24,8 @@ from sandcell.services.stages import StageRecorder
 log = logging.getLogger("sandcell.guest_channel")
 MAX_LINE = 64 * 1024
 MAX_FILE = 8 * 1024**3
+SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes, one of them the terminating NUL
+DIR_NAME_CHARS = 16
 
 
 class _Exactly:
@@ -117,9 +120,24 @@ class SocketGuestChannels:
 
     def __init__(self, root: Path) -> None:
         self.root = root.absolute()  # runsc bind-mounts need absolute sources
-        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
+        # Traversable, not listable: bwrap opens its bind sources as the sandbox's own uid.
+        self.root.chmod(0o711)
 
     def open(self, sandbox_id: str, recorder: StageRecorder) -> GuestChannel:
-        channel = GuestChannel(self.root / sandbox_id, recorder)
+        # A digest, not the id itself: a unix socket path has room for only ~107 bytes.
+        name = hashlib.sha256(sandbox_id.encode()).hexdigest()[:DIR_NAME_CHARS]
+        directory = self.root / name
+        if len(bytes(directory / GUEST_CHANNEL_SOCKET)) > SUN_PATH_MAX:
+            raise SandcellError(f"guest channel path too long for a unix socket: {directory}")
+        channel = GuestChannel(directory, recorder)
         channel.start()
         return channel
+
+    def reap(self) -> list[str]:
+        """Remove the socket directories a crashed run of this worker left (none is served)."""
+        removed = []
+        for leftover in sorted(self.root.iterdir()):
+            shutil.rmtree(leftover, ignore_errors=True)
+            removed.append(f"guest channel {leftover.name}")
+        return removed

@@ -3,10 +3,12 @@
 Everything the sandbox may see or do is written down here: a read-only image root, uid 65534
 with no capabilities and no_new_privs, five namespaces, an io_uring-denying seccomp filter,
 rlimits, and exactly four host directories (/job, /input, /workspace, /output) — plus, for a
-job with egress, its proxy socket directory and CA bundle (see network.py).
+job with egress, its proxy socket directory and CA bundle (see network.py), and for a job the
+guest helper's package and channel (guest_mounts.py, added by sandbox.py).
 """
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,21 @@ def write_config(config: dict[str, Any], bundle: Path) -> None:
     path = bundle / "config.json"
     path.write_text(json.dumps(config, indent=1))
     path.chmod(0o600)
+
+
+def require_mount_points(config: dict[str, Any], rootfs: Path) -> None:
+    """Raise ValueError unless the image has every mount point the bundle names.
+
+    runsc makes a missing one itself, in the host's image directory, despite the read-only
+    root: the image would change under its recorded digest. Images make them at build time.
+    """
+    missing = [
+        mount["destination"]
+        for mount in config["mounts"]
+        if not os.path.lexists(rootfs / mount["destination"].lstrip("/"))
+    ]
+    if missing:
+        raise ValueError(f"the image has no mount point for {missing}; rebuild it")
 
 
 def check_env(env: dict[str, str]) -> None:

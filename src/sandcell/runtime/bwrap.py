@@ -40,6 +40,7 @@ from sandcell.runtime.bwrap_run import (
     processes_of_uid,
 )
 from sandcell.runtime.cgroups import SandboxCgroup
+from sandcell.runtime.guest_mounts import GUEST_SOURCE
 from sandcell.runtime.scratch import Scratch, probe_loop_disk
 from sandcell.runtime.seccomp import compile_filter
 
@@ -118,6 +119,7 @@ class BwrapRuntime:
         cgroups.require_v1()
         self._ensure_dirs()
         require_traversable(self.sandboxes_dir)
+        require_traversable(GUEST_SOURCE)  # bind-mounted into every sandbox (guest_mounts.py)
         self.version()
         self.seccomp_filter()
         probe_loop_disk(self.state_dir)
@@ -232,12 +234,7 @@ class BwrapRuntime:
 
 def _unsupported(spec: SandboxSpec) -> str:
     """What the spec asks for that this runtime does not provide yet ("" if nothing)."""
-    wanted = {
-        "network egress": spec.egress is not None,
-        "a guest channel (stages)": spec.guest_channel is not None,
-        "restored stage outputs": bool(spec.restore_outputs),
-    }
-    return ", ".join(name for name, asked in wanted.items() if asked)
+    return "network egress" if spec.egress is not None else ""
 
 
 def require_traversable(path: Path) -> None:

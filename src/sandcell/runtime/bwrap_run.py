@@ -33,6 +33,7 @@ from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime.bundle import NOFILE, check_env, ready_wrapper
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
+from sandcell.runtime.guest_mounts import guest_binds
 from sandcell.runtime.outputs import collect_outputs
 from sandcell.runtime.scratch import GUEST_UID, Scratch, ScratchError
 from sandcell.runtime.streams import Streams
@@ -75,6 +76,7 @@ def bwrap_args(spec: SandboxSpec, scratch: Scratch, seccomp_fd: int) -> list[str
         *("--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/tmp"),
         *("--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm"),
         *("--ro-bind", str(scratch.job), "/job", "--ro-bind", str(scratch.input), "/input"),
+        *[arg for src, dest in guest_binds(spec) for arg in ("--ro-bind", str(src), dest)],
         *("--bind", str(scratch.workspace), "/workspace"),
         *("--bind", str(scratch.output), "/output"),
         *("--chdir", "/workspace", "--clearenv", *env),
@@ -199,6 +201,7 @@ class BwrapRun:
         self.scratch.create(self.spec.code, self.spec.inputs, self.limits.disk_mb)
         for path in (self.scratch.workspace, self.scratch.output):
             os.chown(path, self.uid, self.uid)  # seen as 65534 inside, and writable only there
+        self.scratch.restore_outputs(self.spec.restore_outputs, self.uid)
         self.cgroup.create(cgroup_limits(self.limits, self.overhead_mb))
 
     def _launch(self) -> Streams:

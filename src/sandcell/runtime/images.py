@@ -23,6 +23,7 @@ from typing import Any
 from sandcell.domain.errors import ImageUnavailable
 from sandcell.domain.images import Image
 from sandcell.ports.egress import GUEST_CA_BUNDLE, GUEST_SOCKET_DIR
+from sandcell.ports.runtime import GUEST_CHANNEL_DIR
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.runtime.digest import tree_digest
 from sandcell.runtime.mirror import debian_mirror
@@ -64,14 +65,14 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     "python": Recipe(
         name="python",
-        version="2",  # 2: mount points for the egress socket and CA bundle
+        version="3",  # 2: mount points for the egress socket and CA bundle; 3: guest channel
         packages=("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates"),
     ),
     # Debian's own builds: versions are whatever the configured (snapshot) mirror serves, and
     # the manifest records every installed package's version. IPython runs session kernels.
     "python-data": Recipe(
         name="python-data",
-        version="1",
+        version="2",  # 2: the guest channel's mount point
         packages=(
             *("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "socat"),
             *("python3-numpy", "python3-pandas", "python3-matplotlib", "python3-ipython"),
@@ -251,8 +252,10 @@ def _harden(rootfs: Path) -> None:
     (rootfs / EGRESS_MOUNT_DIR).mkdir(mode=0o755, parents=True, exist_ok=True)
     (rootfs / EGRESS_MOUNT_FILE).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
     _replace_file(rootfs / EGRESS_MOUNT_FILE, "")
-    # Where a session's kernel is mounted from the host (read-only): not part of the image.
-    (rootfs / GUEST_PACKAGE_DIR.lstrip("/")).mkdir(mode=0o755, parents=True, exist_ok=True)
+    # Where the guest package (sessions' kernel, jobs' sandcell_guest) and a job's guest channel
+    # are mounted from the host (read-only): not part of the image.
+    for guest_dir in (GUEST_PACKAGE_DIR, GUEST_CHANNEL_DIR):
+        (rootfs / guest_dir.lstrip("/")).mkdir(mode=0o755, parents=True, exist_ok=True)
     # debootstrap copies the host's resolver and hostname; a sandbox gets neither.
     _replace_file(rootfs / "etc/resolv.conf", "")
     _replace_file(rootfs / "etc/hostname", "sandbox\n")

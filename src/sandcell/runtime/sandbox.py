@@ -25,12 +25,19 @@ from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
-from sandcell.runtime.bundle import check_env, nproc_limit, oci_config, write_config
+from sandcell.runtime.bundle import (
+    check_env,
+    nproc_limit,
+    oci_config,
+    require_mount_points,
+    write_config,
+)
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
+from sandcell.runtime.guest_mounts import needs_host_sockets, oci_guest_mounts
 from sandcell.runtime.network import BRIDGE_MEMORY_MB, BRIDGE_TASKS
 from sandcell.runtime.outputs import collect_outputs
 from sandcell.runtime.runsc import Runsc, RunscError
-from sandcell.runtime.scratch import Scratch, ScratchError
+from sandcell.runtime.scratch import GUEST_UID, Scratch, ScratchError
 from sandcell.runtime.streams import Streams
 
 TICK_S = 0.02  # how often limits and `cancel` are looked at
@@ -127,7 +134,11 @@ class SandboxRun:
         spec = self.spec
         check_env(spec.env)
         self.scratch.create(spec.code, spec.inputs, self.limits.disk_mb)
-        write_config(oci_config(spec, self.scratch), self.scratch.bundle)
+        self.scratch.restore_outputs(spec.restore_outputs, GUEST_UID)  # before the program runs
+        config = oci_config(spec, self.scratch)
+        config["mounts"] += oci_guest_mounts(spec)
+        require_mount_points(config, spec.image.rootfs)
+        write_config(config, self.scratch.bundle)
         egress = spec.egress is not None
         self.cgroup.create(cgroup_limits(self.limits, self.overhead_mb, egress))
 
@@ -136,7 +147,7 @@ class SandboxRun:
             self.scratch.bundle,
             self.spec.sandbox_id,
             self.scratch.log,
-            host_uds=self.spec.egress is not None,
+            host_uds=needs_host_sockets(self.spec),
         )
         argv = [*JOIN_CGROUPS, *map(str, self.cgroup.procs_files()), "--", *run]
         self.launched_at = time.monotonic()

@@ -96,6 +96,16 @@ class Scratch:
             _copy_input(item, self.input)
         self._make_disk(disk_mb)
 
+    def restore_outputs(self, items: list[InputFile], owner: int) -> None:
+        """Put committed stage files back under /output (a retry), owned by the guest's uid.
+
+        They land on the scratch disk, so they count against disk_mb like anything the program
+        writes; a stage that no longer fits is an error before the program starts.
+        """
+        for item in items:
+            target = _make_parents(self.output, safe_relative_path(item.guest_path), owner)
+            _copy_owned(item.host_path, target, owner)
+
     def _make_disk(self, disk_mb: int) -> None:
         with open(self.image, "wb") as img:
             img.truncate(disk_mb * 1024 * 1024)
@@ -181,6 +191,25 @@ def _copy_input(item: InputFile, input_root: Path) -> None:
         parent.mkdir(mode=0o755, exist_ok=True)
     shutil.copyfile(item.host_path, target)
     target.chmod(0o644)
+
+
+def _make_parents(root: Path, rel: str, owner: int) -> Path:
+    """The directories above `root/rel`, made as `owner`'s; return the file's path."""
+    parent = root
+    for part in Path(rel).parent.parts:
+        parent = parent / part
+        if not parent.is_dir():
+            parent.mkdir(mode=0o755)
+            os.chown(parent, owner, owner)
+    return root / rel
+
+
+def _copy_owned(source: Path, target: Path, owner: int) -> None:
+    # O_NOFOLLOW: nothing of the guest's is on this disk yet, but never write through a link.
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "wb") as out, source.open("rb") as content:
+        shutil.copyfileobj(content, out, 1 << 20)
+        os.fchown(out.fileno(), owner, owner)
 
 
 def _write_readable(path: Path, data: bytes) -> None:

@@ -45,6 +45,9 @@ KERNEL_BOOT = (
 # The kernel's own threads (wire, output pumps, preview relays) are tasks inside gVisor that
 # RLIMIT_NPROC counts: they come on top of the tenant's pids budget, not out of it.
 KERNEL_TASKS = 16
+# Likewise the kernel's memory (IPython and the wire, ~20 MB beyond a bare interpreter) is
+# ours: the cgroup gets it on top of the tenant's memory_mb and gVisor's own overhead.
+KERNEL_MEMORY_MB = 32
 KERNEL_ENV_DEFAULTS = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
 
 
@@ -156,11 +159,12 @@ def _prepare(parts: SessionParts, overhead_mb: int) -> SandboxSpec:
     argv = [spec.image.python, "-I", "-u", "-c", KERNEL_BOOT]
     sandbox_spec = SandboxSpec(spec.sandbox_id, spec.image, argv, env, limits, egress=spec.egress)
     config = oci_config(sandbox_spec, parts.scratch)
-    guest = ["rbind", "ro", "nosuid", "nodev"]
+    guest = ["rbind", "ro", "nosuid", "nodev", "noexec"]  # read, never executed
     config["mounts"].append(
         {"destination": GUEST_PACKAGE_DIR, "type": "bind", "source": str(GUEST_SOURCE)}
         | {"options": guest}
     )
     write_config(config, parts.scratch.bundle)
+    overhead_mb += KERNEL_MEMORY_MB
     parts.cgroup.create(cgroup_limits(limits, overhead_mb, spec.egress is not None))
     return sandbox_spec

@@ -41,6 +41,7 @@ MiB = 1024 * 1024
 INTERRUPT_SCHEDULE = ((0.0, False), (1.0, False), (2.0, True), (5.0, True))
 GIVE_UP_S = 10.0
 EXIT_WAIT_S = 5.0
+RELEASE_WAIT_S = 10.0
 PAUSE_WAIT_S = 15.0  # for a running cell to stop before a pause
 RELAY_SLACK_S = 5.0  # the kernel's own relay timeout comes first
 
@@ -129,7 +130,7 @@ class GVisorSession:
             if timed_out:
                 self._interrupt_until_answered(call.done)
             if call.answer is None:
-                raise SessionUnavailable(self.lost_detail or "the session's sandbox ended")
+                raise self._lost()
             if collector.failure is not None:
                 raise collector.failure
             return collector.result(call.answer, (time.monotonic() - started) * 1000, timed_out)
@@ -228,6 +229,15 @@ class GVisorSession:
         except RunscError as exc:  # the sandbox is ending: the wire will say so
             log.info("interrupt of %s not delivered: %s", self.sandbox_id, exc)
 
+    def _lost(self) -> SessionUnavailable:
+        """The sandbox ended under a call. It is released before the caller hears of it, so a
+        resume right after can never race this sandbox's cleanup for the volume.
+
+        The wire fails its calls only after `_on_wire_closed` has run, so `lost_detail` is set.
+        """
+        self.release()
+        return SessionUnavailable(self.lost_detail or "the session's sandbox ended")
+
     def _running(self) -> KernelChannel:
         channel = self.channel
         if self.state is not State.RUNNING or channel is None or channel.closed.is_set():
@@ -291,9 +301,10 @@ class GVisorSession:
 
     def _empty_cgroup(self) -> list[str]:
         cgroup = self.parts.cgroup
-        if not cgroup.kill_all():
+        if not cgroup.kill_all(timeout_s=RELEASE_WAIT_S):
             return ["processes left in the cgroup"]
-        return [] if cgroup.remove() else [f"cgroup {cgroup.relpath}"]
+        # Generous: a loaded host can take seconds to let exiting tasks leave the cgroup.
+        return [] if cgroup.remove(timeout_s=RELEASE_WAIT_S) else [f"cgroup {cgroup.relpath}"]
 
     def _diagnosis(self) -> str:
         """What runsc and the kernel said before the wire was up (never shown to tenants)."""

@@ -2,23 +2,31 @@
 
 import threading
 import time
-from typing import BinaryIO
+from collections.abc import Callable
+from typing import BinaryIO, TypeVar
 
 from sandcell.domain.ids import new_id
 from sandcell.domain.paths import safe_relative_path
 from sandcell.domain.records import Artifact, Job
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.store import Store
+from sandcell.services.patience import patiently
 
 LOG_FLUSH_BYTES = 64 * 1024
 LOG_FLUSH_S = 0.2
+T = TypeVar("T")
 
 
 class JobSink:
     """Receives a sandbox's output and turns it into log chunks and artifacts."""
 
-    def __init__(self, store: Store, blobs: BlobStore, job: Job, token: int) -> None:
+    def __init__(
+        self, store: Store, blobs: BlobStore, job: Job, token: int, *, patience_s: float = 0.0
+    ) -> None:
         self.store, self.blobs, self.job, self.token = store, blobs, job, token
+        # How long a write may wait out a store outage; the sandbox's pipes just fill meanwhile.
+        # A repeat after a lost answer can at worst duplicate a log chunk or an artifact row.
+        self.patience_s = patience_s
         self.started_at: float | None = None
         self.skipped_outputs = 0
         self._lock = threading.Lock()
@@ -27,12 +35,13 @@ class JobSink:
         self._flushed_at = time.monotonic()
 
     def _staged(self) -> set[tuple[str, str]]:
-        stages = self.store.job_stages(self.job.id)
+        stages = self._patiently(lambda: self.store.job_stages(self.job.id))
         return {(str(f["path"]), str(f["sha256"])) for stage in stages for f in stage["files"]}
 
     def ready(self) -> None:
-        self.started_at = time.time()
-        self.store.mark_started(self.job.id, self.token, self.started_at, self._digest())
+        at = self.started_at = time.time()
+        digest = self._digest()
+        self._patiently(lambda: self.store.mark_started(self.job.id, self.token, at, digest))
 
     def _digest(self) -> str:
         return self.job.image_digest or ""
@@ -54,9 +63,15 @@ class JobSink:
 
     def _flush_locked(self) -> None:
         for stream, data in self._pending:
-            self.store.append_log(self.job.id, self.token, stream, bytes(data))
+            self._append_log(stream, bytes(data))
         self._pending, self._pending_bytes = [], 0
         self._flushed_at = time.monotonic()
+
+    def _append_log(self, stream: str, chunk: bytes) -> None:
+        self._patiently(lambda: self.store.append_log(self.job.id, self.token, stream, chunk))
+
+    def _patiently(self, call: Callable[[], T]) -> T:
+        return patiently(call, self.patience_s)
 
     def output_file(self, path: str, content: BinaryIO, size: int) -> None:
         try:
@@ -70,4 +85,4 @@ class JobSink:
         artifact = Artifact(
             new_id("art"), self.job.tenant_id, self.job.id, path, stored_size, sha256, time.time()
         )
-        self.store.add_artifact(artifact, self.token)
+        self._patiently(lambda: self.store.add_artifact(artifact, self.token))

@@ -4,18 +4,19 @@ Every write about a job carries the fencing token of the claim, so a worker that
 lease (paused, partitioned) cannot overwrite what its successor decided.
 """
 
+import contextlib
 import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from sandcell.domain.errors import ImageUnavailable, SandcellError, StaleLease
+from sandcell.domain.errors import ImageUnavailable, SandcellError, StaleLease, StoreUnavailable
 from sandcell.domain.ids import new_id
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits, out_of_range
@@ -36,10 +37,12 @@ from sandcell.ports.runtime import (
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.ports.store import Store
 from sandcell.services.job_sink import JobSink
+from sandcell.services.patience import next_delay, patiently
 from sandcell.services.secrets import SecretService
 from sandcell.services.stages import StageRecorder, restored_outputs
 
 log = logging.getLogger("sandcell.worker")
+T = TypeVar("T")
 
 BASE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -91,10 +94,12 @@ class Worker:
         self._lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
         self._shutdown = threading.Event()
+        self._next_housekeeping = 0.0
 
     def serve(self, stop: threading.Event) -> None:
         """Claim and run jobs until `stop` is set; then let running jobs finish."""
         reaped = self.runtime.reap()
+        reaped += self.channels.reap() if self.channels is not None else []
         if reaped:
             log.warning("removed leftovers of an earlier run: %s", reaped)
         info = WorkerInfo(
@@ -114,18 +119,30 @@ class Worker:
 
     def _claim_loop(self, stop: threading.Event, info: WorkerInfo) -> None:
         with ThreadPoolExecutor(self.config.slots, thread_name_prefix="job") as pool:
-            next_housekeeping = 0.0
+            backoff = 0.0
             while not stop.is_set():
-                if time.monotonic() >= next_housekeeping:
-                    self.store.worker_seen(info, time.time())
-                    self.housekeeping()
-                    next_housekeeping = time.monotonic() + 1.0
-                job = self._claim() if self._free_slot() else None
+                try:
+                    job = self._tick(info)
+                except StoreUnavailable as exc:
+                    # A database restart must not end the worker: its running jobs go on.
+                    backoff = next_delay(backoff)
+                    log.warning("store unavailable (%s); again in %.2f s", exc.__cause__, backoff)
+                    stop.wait(backoff)
+                    continue
+                backoff = 0.0
                 if job is None:
                     stop.wait(self.config.poll_s)
                     continue
                 pool.submit(self._run_guarded, job)
             self._drain()
+
+    def _tick(self, info: WorkerInfo) -> Job | None:
+        """Housekeeping about once a second; then a claim, if a slot is free."""
+        if time.monotonic() >= self._next_housekeeping:
+            self.store.worker_seen(info, time.time())
+            self.housekeeping()
+            self._next_housekeeping = time.monotonic() + 1.0
+        return self._claim() if self._free_slot() else None
 
     def _drain(self) -> None:
         """Graceful stop: running jobs get `drain_s` to finish, then their sandboxes are stopped."""
@@ -172,12 +189,13 @@ class Worker:
             log.warning("job %s: lease lost; leaving it to its new owner", job.id)
         except Exception:
             log.exception("job %s: internal error", job.id)
-            self.store.fail_job(
-                job.id, Reason.INTERNAL, "internal error in the worker", time.time()
-            )
+            self._patiently(lambda: self._fail_internal(job))
         finally:
             with self._lock:
                 self._running -= 1
+
+    def _fail_internal(self, job: Job) -> None:
+        self.store.fail_job(job.id, Reason.INTERNAL, "internal error in the worker", time.time())
 
     def run_job(self, job: Job) -> None:
         token = job.fencing_token
@@ -193,7 +211,7 @@ class Worker:
             )
             return
         job.image_digest = image.digest
-        stages = [stage["name"] for stage in self.store.job_stages(job.id)]
+        stages = [stage["name"] for stage in self._patiently(lambda: self.store.job_stages(job.id))]
         spec = SandboxSpec(
             sandbox_id=f"{job.id}-{token}",
             image=image,
@@ -201,8 +219,8 @@ class Worker:
             env=BASE_ENV | job.spec.env | self._guest_env(job, stages),
             limits=job.spec.limits,
             code=job.spec.code.encode() if job.spec.code is not None else None,
-            inputs=self._inputs(job),
-            restore_outputs=restored_outputs(self.store, self.blobs, job) if stages else [],
+            inputs=self._patiently(lambda: self._inputs(job)),
+            restore_outputs=self._restored(job) if stages else [],
         )
         with self._egress_for(job, token, image) as session, self._channel(job, token) as chan:
             if session is not None:
@@ -215,7 +233,7 @@ class Worker:
 
     def _supervised(self, job: Job, token: int, spec: SandboxSpec) -> tuple[SandboxResult, JobSink]:
         """Run the sandbox with a heartbeat that renews the lease and relays cancel requests."""
-        sink = JobSink(self.store, self.blobs, job, token)
+        sink = JobSink(self.store, self.blobs, job, token, patience_s=self.config.lease_s)
         cancel = threading.Event()
         with self._lock:
             self._cancels[job.id] = cancel
@@ -236,9 +254,16 @@ class Worker:
         if result.reason is Reason.CANCELLED and self._stopped_by_shutdown(job):
             # Not the caller's cancel: the job is settled as if its worker were lost, so a
             # job with attempts left runs again elsewhere.
-            self.store.release_job(job.id, token, time.time())
+            self._patiently(lambda: self.store.release_job(job.id, token, time.time()))
             return
         self._finish(job, token, sink, result)
+
+    def _patiently(self, call: Callable[[], T]) -> T:
+        """Ride out a store outage for as long as the lease could last, then give up."""
+        return patiently(call, self.config.lease_s)
+
+    def _restored(self, job: Job) -> list[InputFile]:
+        return self._patiently(lambda: restored_outputs(self.store, self.blobs, job))
 
     @staticmethod
     def _guest_env(job: Job, stages: list[str]) -> dict[str, str]:
@@ -314,12 +339,17 @@ class Worker:
     def _heartbeat(self, job: Job, token: int, done: threading.Event) -> None:
         """Renew the lease; turn a cancel request (or a lost lease) into `done`."""
         while not done.wait(min(self.config.heartbeat_s, 0.1)):
-            if self.store.cancel_requested(job.id):
+            # Renewed at half-life, the lease has slack: an outage is tried again next tick.
+            with contextlib.suppress(StoreUnavailable):
+                self._beat(job, token, done)
+
+    def _beat(self, job: Job, token: int, done: threading.Event) -> None:
+        if self.store.cancel_requested(job.id):
+            done.set()
+        if time.time() > (job.lease_expires_at or 0) - self.config.lease_s / 2:
+            if not self.store.renew_lease(job.id, token, time.time(), self.config.lease_s):
                 done.set()
-            if time.time() > (job.lease_expires_at or 0) - self.config.lease_s / 2:
-                if not self.store.renew_lease(job.id, token, time.time(), self.config.lease_s):
-                    done.set()
-                job.lease_expires_at = time.time() + self.config.lease_s
+            job.lease_expires_at = time.time() + self.config.lease_s
 
     def _finish(self, job: Job, token: int, sink: JobSink | None, result: SandboxResult) -> None:
         now = time.time()
@@ -337,7 +367,8 @@ class Worker:
         if sink and sink.skipped_outputs:
             job.usage["skipped_outputs"] = sink.skipped_outputs
         job.attempts = [*job.attempts, self._attempt(job, token, now)]
-        self.store.finish_job(job, token)
+        # Fenced: if a lost answer hid a commit, the repeat is refused (StaleLease), not applied.
+        self._patiently(lambda: self.store.finish_job(job, token))
 
     def _attempt(self, job: Job, token: int, now: float) -> dict[str, object]:
         return {

@@ -24,9 +24,15 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
-from sandcell.domain.errors import Conflict, IdempotencyMismatch, QuotaExceeded, StaleLease
+from sandcell.domain.errors import (
+    Conflict,
+    IdempotencyMismatch,
+    QuotaExceeded,
+    StaleLease,
+    StoreUnavailable,
+)
 from sandcell.domain.limits import Limits
 from sandcell.domain.quotas import Admission
 from sandcell.domain.records import (
@@ -240,6 +246,21 @@ def _session_from_row(row: Any) -> Session:
     return Session(**values)
 
 
+@contextmanager
+def _reachable() -> Iterator[None]:
+    """A lost or refused database connection is StoreUnavailable: callers may retry it.
+
+    The transaction was rolled back (or never began), except in the one case no client can
+    tell apart: the connection died after the server committed. A retried write may therefore
+    apply twice; retry only writes for which that is harmless (fenced or idempotent). The
+    cause (host, port) stays in the chained exception, out of what API clients see.
+    """
+    try:
+        yield
+    except (OperationalError, InterfaceError) as exc:
+        raise StoreUnavailable() from exc
+
+
 class SqlStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -249,12 +270,12 @@ class SqlStore:
 
     @contextmanager
     def _tx(self) -> Iterator[Connection]:
-        with self.engine.begin() as conn:
+        with _reachable(), self.engine.begin() as conn:
             yield conn
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
-        with self.engine.connect() as conn:
+        with _reachable(), self.engine.connect() as conn:
             conn.execution_options(readonly=True)
             with conn.begin():
                 yield conn
