@@ -105,7 +105,10 @@ def worker(
 def _internal_listener(listen: str) -> tuple[socket.socket, str]:
     """Bind first, so the worker can announce the real port when 0 was asked for."""
     host, _, port = listen.rpartition(":")
-    listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio only sets TCP_NODELAY on sockets whose proto says TCP,
+    # and without it every response pays a delayed ACK (~40 ms).
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((host.strip("[]"), int(port)))
     listener.listen(128)

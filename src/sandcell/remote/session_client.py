@@ -1,6 +1,7 @@
 """HttpSessionHost: the API's view of a worker's session host, over the internal endpoint."""
 
 import base64
+import socket
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ from sandcell.ports.session_hosts import HttpReply
 from sandcell.ports.sessions import CellResult
 
 TOKEN_HEADER = "X-Sandcell-Internal"
+NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 ERRORS: dict[int, type[e.SandcellError]] = {
     401: e.RuntimeUnavailable,  # our token was refused: a misconfigured deployment
     404: e.NotFound,

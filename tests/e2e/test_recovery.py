@@ -1,0 +1,274 @@
+"""Fault injection on a real scale-out deployment: API and workers as processes, PostgreSQL.
+
+- kill -9 the worker of a staged job (CSV → clean → chart) after its stage and its once-block:
+  with retry it completes on the other worker, the side effect happened once, the chart is
+  right; the killed worker's sandbox outlives it until a worker restarts on that data dir;
+- the same without retry: failed/worker_lost, and nothing of it left after the reaper;
+- kill -9 the API right after it accepted a job: the same Idempotency-Key, on a new API
+  process, gives the same job;
+- restart PostgreSQL under a run of jobs: every job ends exactly once, none lost or doubled.
+"""
+
+import hashlib
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sandcell.runtime.images import build_image
+from tests.e2e.cluster import (
+    Cluster,
+    CountingServer,
+    Proc,
+    egress_env,
+    fresh_schema,
+    runtime_of,
+    wait_for,
+)
+from tests.e2e.conftest import IMAGE_DIR, host_processes_mentioning
+
+pytestmark = pytest.mark.gvisor
+TERMINAL = ("completed", "failed", "cancelled")
+RAW_CSV = b"city,temp\n Oslo ,4\nRome,18\nNowhere,\nLima,19\n"
+# The chart: plain SVG bars (the python image has no matplotlib). Run here too, for the sha256.
+CHART = """
+def chart(rows):
+    bars = "".join(
+        f'<rect x="{i * 30}" y="{100 - int(t)}" width="20" height="{int(t)}"><title>{c}</title></rect>'
+        for i, (c, t) in enumerate(rows)
+    )
+    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{30 * len(rows)}" height="100">{bars}</svg>'
+"""
+STAGED_JOB = (
+    """
+import csv, os, time, urllib.request
+import sandcell_guest as guest
+"""
+    + CHART
+    + """
+resumed = guest.completed_stages()
+print("resumed after:", resumed, flush=True)
+if "clean" not in resumed:
+    rows = [r for r in csv.DictReader(open("/input/raw.csv")) if r["temp"].strip()]
+    with open("/output/clean.csv", "w", newline="") as out:
+        writer = csv.writer(out)
+        writer.writerows([(r["city"].strip().lower(), int(r["temp"])) for r in rows])
+    guest.commit_stage("clean", files=["clean.csv"])
+with guest.once("notify"):
+    request = urllib.request.Request("http://notify.test:PORT/notify", b"clean", method="POST")
+    urllib.request.urlopen(request, timeout=20).read()
+if not resumed:
+    time.sleep(50)  # the first attempt's worker is killed here
+rows = list(csv.reader(open("/output/clean.csv")))
+open("/output/chart.svg", "w").write(chart(rows))
+guest.commit_stage("chart", files=["chart.svg"])
+"""
+)
+
+
+def _expected_chart() -> bytes:
+    namespace: dict[str, object] = {}
+    exec(CHART, namespace)  # the job's own chart function, on the clean rows
+    rows = [["oslo", "4"], ["rome", "18"], ["lima", "19"]]
+    return str(namespace["chart"](rows)).encode()  # type: ignore[operator]
+
+
+@pytest.fixture(scope="module")
+def notify() -> Iterator[CountingServer]:
+    server = CountingServer()
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, notify: CountingServer) -> Iterator[Cluster]:
+    build_image("python", IMAGE_DIR)
+    base = tmp_path_factory.mktemp("recovery")
+    base.chmod(0o711)
+    with fresh_schema() as schema:
+        deployment = Cluster(base, schema, egress_env({"notify.test": "127.0.0.1"}))
+        try:
+            deployment.start_api()
+            deployment.start_worker("worker-a")
+            deployment.start_worker("worker-b")
+            yield deployment
+        finally:
+            deployment.close()
+
+
+def _submit(http: httpx.Client, body: dict[str, object], key: str | None = None) -> str:
+    headers = {"Idempotency-Key": key} if key else {}
+    answer = http.post("/v1/jobs", json=body, headers=headers)
+    assert answer.status_code in (200, 202), answer.text
+    return str(answer.json()["id"])
+
+
+def _record(http: httpx.Client, job_id: str, wait: float = 0) -> dict:
+    return dict(http.get(f"/v1/jobs/{job_id}", params={"wait": wait}).raise_for_status().json())
+
+
+def _final(http: httpx.Client, job_id: str, timeout_s: float = 60) -> dict:
+    def terminal() -> dict | None:
+        record = _record(http, job_id, wait=2)
+        return record if record["state"] in TERMINAL else None
+
+    return dict(wait_for(terminal, lambda: _record(http, job_id), timeout_s))
+
+
+def _sandbox_left(proc: Proc, job_id: str) -> list[str]:
+    """Whatever of this job's sandboxes the worker on `proc`'s data dir still has on the host."""
+    runtime = runtime_of(proc)
+    left = host_processes_mentioning(job_id)
+    left += [str(p) for p in runtime.sandboxes_dir.glob(f"{job_id}-*")]
+    for controller in ("memory", "pids"):
+        left += [str(p) for p in Path("/sys/fs/cgroup", controller, runtime.cgroup_parent).glob(f"{job_id}-*")]
+    return left
+
+
+def _restart(cluster: Cluster, killed: Proc) -> Proc:
+    """A worker on the killed one's data dir: its start-up reaper removes what was left."""
+    return cluster.start_worker(killed.name)
+
+
+def test_a_killed_workers_staged_job_completes_elsewhere_without_redoing_its_stage(
+    cluster: Cluster, notify: CountingServer
+) -> None:
+    alice = cluster.tenant("alice")
+    with cluster.http(alice) as http:
+        upload = http.post("/v1/files", files={"file": ("raw.csv", RAW_CSV)}).raise_for_status()
+        body = {
+            "code": STAGED_JOB.replace("PORT", str(notify.port)),
+            "inputs": [{"file_id": upload.json()["id"], "path": "raw.csv"}],
+            "network": {"allow": ["notify.test"]},
+            "retry": {"max_attempts": 2},
+        }
+        job_id = _submit(http, body)
+        staged = lambda: notify.counts.get("/notify") == 1 and _record(http, job_id)["stages"]  # noqa: E731
+        wait_for(staged, lambda: (_record(http, job_id), notify.counts), 60)
+        victim = cluster.worker_of(job_id)
+        victim.kill9()
+
+        record = _final(http, job_id)
+        assert record["state"] == "completed", (record, victim.tail())
+        assert notify.counts == {"/notify": 1}  # the once-block did not run again
+        first, second = record["attempts"]
+        assert (first["worker_id"], first["reason"]) == (victim.worker_id, "worker_lost")
+        assert second["worker_id"] != victim.worker_id and second["state"] == "completed"
+        stages = {s["name"]: s for s in record["stages"]}
+        assert stages["clean"]["attempt"] == first["number"]  # committed once, by attempt 1
+        assert stages["chart"]["attempt"] == second["number"]
+        outputs = {o["path"]: o["sha256"] for o in record["outputs"]}
+        clean = b"oslo,4\r\nrome,18\r\nlima,19\r\n"  # csv.writer's line ends
+        assert outputs == {
+            "clean.csv": hashlib.sha256(clean).hexdigest(),
+            "chart.svg": hashlib.sha256(_expected_chart()).hexdigest(),
+        }
+        chart_id = next(o["artifact_id"] for o in record["outputs"] if o["path"] == "chart.svg")
+        assert http.get(f"/v1/artifacts/{chart_id}/content").content == _expected_chart()
+
+    # runsc outlives its killed parent; the next worker on that data dir reaps it at start.
+    assert host_processes_mentioning(job_id), "expected the killed worker's sandbox to survive"
+    _restart(cluster, victim)
+    assert _sandbox_left(victim, job_id) == []
+
+
+def test_without_retry_a_killed_workers_job_fails_as_worker_lost(cluster: Cluster) -> None:
+    bob = cluster.tenant("bob")
+    with cluster.http(bob) as http:
+        job_id = _submit(http, {"code": "print('up', flush=True)\nimport time; time.sleep(50)"})
+        wait_for(lambda: _record(http, job_id)["started_at"], lambda: _record(http, job_id), 60)
+        victim = cluster.worker_of(job_id)
+        victim.kill9()
+        record = _final(http, job_id, timeout_s=30)
+    assert (record["state"], record["reason"]) == ("failed", "worker_lost"), record
+    assert [a["reason"] for a in record["attempts"]] == ["worker_lost"]
+    _restart(cluster, victim)
+    assert _sandbox_left(victim, job_id) == []
+
+
+def test_the_same_idempotency_key_after_an_api_crash_gives_the_same_job(cluster: Cluster) -> None:
+    carol = cluster.tenant("carol")
+    body = {"code": "print('once')"}
+    key = f"crash-{uuid.uuid4()}"
+    with cluster.http(carol) as http:
+        first = http.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
+    assert first.status_code == 202, first.text
+    assert cluster.api is not None
+    cluster.api.kill9()  # the answer is in; whatever the API held in memory is gone
+    cluster.start_api("api-2")
+    with cluster.http(carol) as http:
+        again = http.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
+        assert (again.status_code, again.json()["id"]) == (200, first.json()["id"])
+        listed = http.get("/v1/jobs").raise_for_status().json()["items"]
+        assert [job["id"] for job in listed] == [first.json()["id"]]
+        assert _final(http, first.json()["id"])["state"] == "completed"
+
+
+def _submit_through_outages(http: httpx.Client, body: dict[str, object], key: str) -> str:
+    """A careful client: on 503 or a dropped connection, the same request, the same key."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            answer = http.post("/v1/jobs", json=body, headers={"Idempotency-Key": key})
+            if answer.status_code in (200, 202):
+                return str(answer.json()["id"])
+            assert answer.status_code in (500, 503), answer.text
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"could not submit {key}"
+        time.sleep(0.2)
+
+
+def _restart_postgres() -> None:
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", "15", "main", "restart"],
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def test_every_job_ends_exactly_once_across_a_database_restart(cluster: Cluster) -> None:
+    jobs_n = 40
+    dave = cluster.tenant("dave")
+    body = {"code": "print(1)", "retry": {"max_attempts": 3}}
+    keys = [f"pg-{i}-{uuid.uuid4()}" for i in range(jobs_n)]
+    with cluster.http(dave) as http:
+        ids = [_submit_through_outages(http, body, key) for key in keys[: jobs_n // 2]]
+        wait_for(lambda: _record(http, ids[3])["state"] in TERMINAL, lambda: "no progress", 60)
+        _restart_postgres()
+        ids += [_submit_through_outages(http, body, key) for key in keys[jobs_n // 2 :]]
+        records = [_final_through_outages(http, job_id) for job_id in ids]
+        listed = _all_jobs(http)
+    assert len(set(ids)) == jobs_n and sorted(listed) == sorted(ids)  # none lost, none doubled
+    for record in records:
+        assert record["state"] in TERMINAL and record["finished_at"], record
+        assert record["attempts"][-1]["state"] == record["state"], record  # decided once
+        assert all(a["reason"] == "worker_lost" for a in record["attempts"][:-1]), record
+    states = sorted({(r["state"], r["reason"]) for r in records}, key=str)
+    assert all(r["state"] == "completed" for r in records), states
+
+
+def _final_through_outages(http: httpx.Client, job_id: str) -> dict:
+    def terminal() -> dict | None:
+        try:
+            record = _record(http, job_id, wait=2)
+        except httpx.HTTPError:
+            return None
+        return record if record["state"] in TERMINAL else None
+
+    return dict(wait_for(terminal, lambda: job_id, 120))
+
+
+def _all_jobs(http: httpx.Client) -> list[str]:
+    ids, cursor = [], None
+    while True:
+        params = {"limit": 200} | ({"cursor": cursor} if cursor else {})
+        page = http.get("/v1/jobs", params=params).raise_for_status().json()
+        ids += [job["id"] for job in page["items"]]
+        if not (cursor := page["next_cursor"]):
+            return ids
