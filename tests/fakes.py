@@ -126,6 +126,8 @@ class FakeSessionSandbox:
                 exec(code, self.namespace)
             except Exception as exc:
                 error = {"ename": type(exc).__name__, "evalue": str(exc), "traceback": []}
+        if callable(on_event) and out.getvalue():
+            on_event({"type": "stdout", "text": out.getvalue()})
         return {
             "stdout": out.getvalue(),
             "stderr": "",

@@ -47,7 +47,7 @@ def wait_for(check: Callable[[], Any], explain: Callable[[], object], timeout_s:
 def fresh_schema() -> Iterator[str]:
     """A PostgreSQL schema of our own for one run; dropped afterwards."""
     name = f"sc_e2e_{secrets.token_hex(4)}"
-    admin = create_engine(PG_ADMIN_URL)
+    admin = create_engine(PG_ADMIN_URL, pool_pre_ping=True)  # a test may restart the server
     with admin.begin() as conn:
         conn.execute(text(f"CREATE SCHEMA {name}"))
     try:
@@ -93,7 +93,8 @@ class Cluster:
 
     def __post_init__(self) -> None:
         url = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
-        engine = create_engine(url, connect_args={"options": f"-csearch_path={self.schema}"})
+        options = {"options": f"-csearch_path={self.schema}"}
+        engine = create_engine(url, connect_args=options, pool_pre_ping=True)
         self.store = SqlStore(engine)
         (self.base / "blobs").mkdir(parents=True, exist_ok=True)
 
@@ -102,18 +103,23 @@ class Cluster:
         return f"postgresql://postgres@127.0.0.1:5432/test?options=-csearch_path%3D{self.schema}"
 
     def env(self, data_dir: Path) -> dict[str, str]:
-        return os.environ | self.extra_env | {
-            "SANDCELL_DATABASE_URL": self.database_url,
-            "SANDCELL_DATA_DIR": str(data_dir),
-            "SANDCELL_BLOB_DIR": str(self.base / "blobs"),
-            "SANDCELL_IMAGE_DIR": str(IMAGE_DIR),
-            "SANDCELL_ADMIN_KEY": ADMIN_KEY,
-            "SANDCELL_SIGNING_KEY": "recovery-signing-key-" + "y" * 20,  # one for every replica
-            "SANDCELL_WORKER_SLOTS": "1",
-            "SANDCELL_LEASE_S": str(LEASE_S),
-            "SANDCELL_HEARTBEAT_S": "0.5",
-            "SANDCELL_DRAIN_S": "2",
-        }
+        return (
+            os.environ
+            | self.extra_env
+            | {
+                "SANDCELL_DATABASE_URL": self.database_url,
+                "SANDCELL_DATA_DIR": str(data_dir),
+                "SANDCELL_BLOB_DIR": str(self.base / "blobs"),
+                "SANDCELL_IMAGE_DIR": str(IMAGE_DIR),
+                "SANDCELL_ADMIN_KEY": ADMIN_KEY,
+                "SANDCELL_SIGNING_KEY": "recovery-signing-key-" + "y" * 20,  # one for every replica
+                "SANDCELL_WORKER_SLOTS": "1",
+                "SANDCELL_LEASE_S": str(LEASE_S),
+                "SANDCELL_HEARTBEAT_S": "0.5",
+                "SANDCELL_DRAIN_S": "2",
+            "SANDCELL_QUOTA_CONCURRENT_JOBS": "100",  # a whole run may be queued at once
+            }
+        )
 
     def _spawn(self, name: str, data_dir: Path, args: list[str], env: dict[str, str]) -> Proc:
         data_dir.mkdir(mode=0o711, parents=True, exist_ok=True)

@@ -10,7 +10,9 @@
 """
 
 import hashlib
+import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -38,10 +40,11 @@ RAW_CSV = b"city,temp\n Oslo ,4\nRome,18\nNowhere,\nLima,19\n"
 CHART = """
 def chart(rows):
     bars = "".join(
-        f'<rect x="{i * 30}" y="{100 - int(t)}" width="20" height="{int(t)}"><title>{c}</title></rect>'
+        f'<rect x="{i * 30}" y="{100 - int(t)}" width="20" height="{t}"><title>{c}</title></rect>'
         for i, (c, t) in enumerate(rows)
     )
-    return f'<svg xmlns="http://www.w3.org/2000/svg" width="{30 * len(rows)}" height="100">{bars}</svg>'
+    svg = '<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="100">{}</svg>'
+    return svg.format(30 * len(rows), bars)
 """
 STAGED_JOB = (
     """
@@ -85,19 +88,21 @@ def notify() -> Iterator[CountingServer]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory, notify: CountingServer) -> Iterator[Cluster]:
+def cluster(notify: CountingServer) -> Iterator[Cluster]:
     build_image("python", IMAGE_DIR)
-    base = tmp_path_factory.mktemp("recovery")
+    # Short: unix socket paths (the egress proxy's, under each data dir) fit in 107 bytes.
+    base = Path(tempfile.mkdtemp(prefix="sc-rec-", dir="/var/tmp"))
     base.chmod(0o711)
     with fresh_schema() as schema:
         deployment = Cluster(base, schema, egress_env({"notify.test": "127.0.0.1"}))
         try:
             deployment.start_api()
-            deployment.start_worker("worker-a")
-            deployment.start_worker("worker-b")
+            deployment.start_worker("wa")
+            deployment.start_worker("wb")
             yield deployment
         finally:
             deployment.close()
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def _submit(http: httpx.Client, body: dict[str, object], key: str | None = None) -> str:
@@ -125,7 +130,8 @@ def _sandbox_left(proc: Proc, job_id: str) -> list[str]:
     left = host_processes_mentioning(job_id)
     left += [str(p) for p in runtime.sandboxes_dir.glob(f"{job_id}-*")]
     for controller in ("memory", "pids"):
-        left += [str(p) for p in Path("/sys/fs/cgroup", controller, runtime.cgroup_parent).glob(f"{job_id}-*")]
+        cgroups = Path("/sys/fs/cgroup", controller, runtime.cgroup_parent)
+        left += [str(p) for p in cgroups.glob(f"{job_id}-*")]
     return left
 
 
@@ -251,6 +257,9 @@ def test_every_job_ends_exactly_once_across_a_database_restart(cluster: Cluster)
         assert all(a["reason"] == "worker_lost" for a in record["attempts"][:-1]), record
     states = sorted({(r["state"], r["reason"]) for r in records}, key=str)
     assert all(r["state"] == "completed" for r in records), states
+    workers = [p for p in cluster.procs if p.worker_id and p.popen.returncode is None]
+    assert all(p.popen.poll() is None for p in workers)  # the outage ended no worker
+    assert any("store unavailable" in p.log.read_text() for p in workers)  # but they saw it
 
 
 def _final_through_outages(http: httpx.Client, job_id: str) -> dict:

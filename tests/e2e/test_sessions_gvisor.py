@@ -117,3 +117,24 @@ def test_an_idle_session_is_stopped_and_its_sandbox_released(server: Server) -> 
             time.sleep(0.5)
         assert http.get(f"/v1/sessions/{sid}").json()["reason"] == "idle_timeout"
     assert host_processes_mentioning(sid) == []
+
+
+def test_execute_streams_output_as_it_is_produced(server: Server) -> None:
+    with _client(server, "ses-stream") as http:
+        sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+        code = "import time\nprint('first', flush=True)\ntime.sleep(2)\nprint('second')"
+        started = time.monotonic()
+        arrivals = []
+        with http.stream(
+            "POST",
+            f"/v1/sessions/{sid}/execute",
+            json={"code": code},
+            headers={"Accept": "text/event-stream"},
+        ) as response:
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    arrivals.append((line[7:], time.monotonic() - started))
+        kinds = [kind for kind, _ in arrivals]
+        assert kinds[0] == "stdout" and kinds[-1] == "result"
+        assert arrivals[0][1] < arrivals[-1][1] - 1.5  # 'first' came before the cell ended
+        http.delete(f"/v1/sessions/{sid}")

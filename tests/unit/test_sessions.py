@@ -108,3 +108,23 @@ def test_preview_urls_need_their_token(api: Api) -> None:
     forged = token.rsplit(".", 1)[0].replace(".8000.", ".22.") + "." + token.rsplit(".", 1)[1]
     assert api.http.get(f"/v1/previews/{forged}/").status_code == 401
     assert api.http.get("/v1/previews/nonsense/").status_code == 401
+
+
+def test_execute_streams_as_server_sent_events(api: Api) -> None:
+    alice = api.tenant("alice")
+    sid = _start(api, alice)["id"]
+    answer = api.http.post(
+        f"/v1/sessions/{sid}/execute",
+        json={"code": "print('hi')"},
+        headers=alice | {"Accept": "text/event-stream"},
+    )
+    assert answer.headers["content-type"].startswith("text/event-stream")
+    events = [block.split("\n")[0] for block in answer.text.strip().split("\n\n")]
+    assert events == ["event: stdout", "event: result"]
+    other = api.tenant("bob")
+    refused = api.http.post(
+        f"/v1/sessions/{sid}/execute",
+        json={"code": "1"},
+        headers=other | {"Accept": "text/event-stream"},
+    )
+    assert refused.status_code == 404

@@ -6,10 +6,11 @@ session it serves is looked up in the store, so a request cannot name a session 
 
 import base64
 import hmac
+import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, FastAPI, Header, Query, Request
-from fastapi.responses import Response
+from fastapi.responses import Response, StreamingResponse
 
 from sandcell.api import problems
 from sandcell.domain.errors import NotFound, Unauthorized
@@ -67,8 +68,15 @@ def resume(host: Host, request: Request, session_id: str) -> dict[str, str]:
 
 
 @router.post("/{session_id}/execute")
-def execute(host: Host, session_id: str, body: Annotated[dict[str, Any], Body()]) -> dict[str, Any]:
-    return host.execute(session_id, str(body["code"]), float(body["timeout_s"]))
+def execute(host: Host, session_id: str, body: Annotated[dict[str, Any], Body()]) -> Any:
+    code, timeout_s = str(body["code"]), float(body["timeout_s"])
+    if not body.get("stream"):
+        return host.execute(session_id, code, timeout_s)
+    lines = (
+        json.dumps({kind: item}) + "\n"
+        for kind, item in host.execute_stream(session_id, code, timeout_s)
+    )
+    return StreamingResponse(lines, media_type="application/x-ndjson")
 
 
 @router.post("/{session_id}/interrupt")

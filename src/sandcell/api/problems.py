@@ -133,7 +133,7 @@ class BodyGuard:
         if body and self._too_deep(body):
             await self._refuse(scope, send, 422, f"JSON nested deeper than {self.max_depth}")
             return
-        await self.app(scope, self._replay(body), send)
+        await self.app(scope, self._replay(body, receive), send)
 
     def _too_deep(self, body: bytes) -> bool:
         try:
@@ -156,17 +156,19 @@ class BodyGuard:
                 return b"".join(chunks), False
 
     @staticmethod
-    def _replay(body: bytes) -> Receive:
+    def _replay(body: bytes, receive: Receive) -> Receive:
+        """The buffered body once; after that the real channel, so a streaming response
+        still learns when the client goes away (and only then)."""
         sent = False
 
-        async def receive() -> Message:
+        async def replay() -> Message:
             nonlocal sent
             if sent:
-                return {"type": "http.disconnect"}
+                return await receive()
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        return receive
+        return replay
 
     @staticmethod
     def _counting(receive: Receive, limit: int) -> Receive:

@@ -1,9 +1,12 @@
 """Session routes: a stateful interpreter, cell by cell; files; pause/resume; previews."""
 
+import json
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 from anyio import to_thread
 from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
 from sandcell.api.deps import Caller, Svc
 from sandcell.api.schemas import (
@@ -90,9 +93,24 @@ def stop_session(svc: Svc, who: Caller, session_id: str) -> SessionOut:
     return session_out(svc.sessions.stop(who, session_id))
 
 
-@router.post("/sessions/{session_id}/execute", response_model=ExecuteOut)
-def execute(svc: Svc, who: Caller, session_id: str, body: ExecuteIn) -> dict[str, Any]:
+@router.post(
+    "/sessions/{session_id}/execute",
+    response_model=ExecuteOut,
+    responses={200: {"content": {"text/event-stream": {}}}},
+)
+def execute(svc: Svc, who: Caller, session_id: str, body: ExecuteIn, request: Request) -> Any:
+    """Run one cell. With `Accept: text/event-stream`, output streams as it is produced:
+    `stdout`/`stderr`/`display` events, then one `result` (or `error`) event."""
+    if "text/event-stream" in request.headers.get("accept", ""):
+        items = svc.sessions.execute_stream(who, session_id, body.code, body.timeout_s)
+        return StreamingResponse(_sse(items), media_type="text/event-stream")
     return svc.sessions.execute(who, session_id, body.code, body.timeout_s)
+
+
+def _sse(items: Iterator[tuple[str, dict[str, Any]]]) -> Iterator[str]:
+    for kind, item in items:
+        name = str(item.get("type", "output")) if kind == "event" else kind
+        yield f"event: {name}\ndata: {json.dumps(item)}\n\n"
 
 
 @router.post("/sessions/{session_id}/interrupt", status_code=202)

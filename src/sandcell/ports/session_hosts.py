@@ -4,6 +4,7 @@ The API never touches a runtime: a worker runs the sandbox and exposes a Session
 replicas reach it in-process (tests) or over HTTP (`sandcell.remote`).
 """
 
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from sandcell.domain.records import WorkerInfo
@@ -11,11 +12,17 @@ from sandcell.domain.sessions import Session
 from sandcell.ports.sessions import CellResult
 
 HttpReply = tuple[int, list[tuple[str, str]], bytes]
+# ("event", {"type": "stdout"|"stderr"|"display", …}), then ("result", CellResult) or
+# ("error", {"type", "detail"}).
+StreamItem = tuple[str, dict[str, Any]]
 
 
 class SessionHost(Protocol):
     def start(self, session: Session) -> None: ...
     def execute(self, session_id: str, code: str, timeout_s: float) -> CellResult: ...
+    def execute_stream(
+        self, session_id: str, code: str, timeout_s: float
+    ) -> Iterator[StreamItem]: ...
     def interrupt(self, session_id: str) -> None: ...
     def pause(self, session_id: str) -> bool: ...
     def resume(self, session: Session) -> None: ...

@@ -1,7 +1,9 @@
 """HttpSessionHost: the API's view of a worker's session host, over the internal endpoint."""
 
 import base64
+import json
 import socket
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -9,7 +11,7 @@ import httpx
 from sandcell.domain import errors as e
 from sandcell.domain.records import WorkerInfo
 from sandcell.domain.sessions import Session
-from sandcell.ports.session_hosts import HttpReply
+from sandcell.ports.session_hosts import HttpReply, StreamItem
 from sandcell.ports.sessions import CellResult
 
 TOKEN_HEADER = "X-Sandcell-Internal"
@@ -52,6 +54,21 @@ class HttpSessionHost:
             "POST", f"/internal/sessions/{session_id}/execute", json=body, timeout=timeout
         ).json()
         return result
+
+    def execute_stream(self, session_id: str, code: str, timeout_s: float) -> Iterator[StreamItem]:
+        body = {"code": code, "timeout_s": timeout_s, "stream": True}
+        path = f"/internal/sessions/{session_id}/execute"
+        try:
+            with self._http.stream("POST", path, json=body, timeout=timeout_s + 30) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ERRORS.get(response.status_code, e.SandcellError)(_detail(response))
+                for line in response.iter_lines():
+                    if line:
+                        [(kind, item)] = json.loads(line).items()
+                        yield kind, item
+        except httpx.HTTPError as exc:
+            raise e.RuntimeUnavailable("the worker holding this session did not answer") from exc
 
     def interrupt(self, session_id: str) -> None:
         self._call("POST", f"/internal/sessions/{session_id}/interrupt")

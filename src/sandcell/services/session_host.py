@@ -1,9 +1,11 @@
 """The worker's side of sessions: the live sandboxes, their lifecycle, idle and TTL reaping."""
 
 import logging
+import queue
 import shutil
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,8 +15,14 @@ from sandcell.domain.limits import Limits
 from sandcell.domain.sessions import Session, SessionState
 from sandcell.ports.egress import Egress, EgressSession, SecretBinding
 from sandcell.ports.images import ImageCatalog
-from sandcell.ports.session_hosts import HttpReply
-from sandcell.ports.sessions import CellResult, SessionRuntime, SessionSandbox, SessionSpec
+from sandcell.ports.session_hosts import HttpReply, StreamItem
+from sandcell.ports.sessions import (
+    CellEvent,
+    CellResult,
+    SessionRuntime,
+    SessionSandbox,
+    SessionSpec,
+)
 from sandcell.ports.store import Store
 from sandcell.services import workspace_files
 from sandcell.services.secrets import SecretService
@@ -141,11 +149,17 @@ class LocalSessionHost:
 
     # cells
 
-    def execute(self, session_id: str, code: str, timeout_s: float) -> CellResult:
+    def execute(
+        self,
+        session_id: str,
+        code: str,
+        timeout_s: float,
+        on_event: Callable[[CellEvent], None] | None = None,
+    ) -> CellResult:
         live = self._get(session_id)
         try:
             with live.lock:
-                result = live.sandbox.execute(code, timeout_s)
+                result = live.sandbox.execute(code, timeout_s, on_event)
         except SessionUnavailable as exc:
             self._ended(session_id, live, exc.detail)
             raise
@@ -166,6 +180,26 @@ class LocalSessionHost:
             detail=detail,
             stopped_at=time.time(),
         )
+
+    def execute_stream(self, session_id: str, code: str, timeout_s: float) -> Iterator[StreamItem]:
+        """The cell's events as they happen, then ("result", …) or ("error", …)."""
+        items: queue.Queue[StreamItem] = queue.Queue()
+
+        def run() -> None:
+            try:
+                result = self.execute(
+                    session_id, code, timeout_s, lambda event: items.put(("event", event))
+                )
+                items.put(("result", result))
+            except SandcellError as exc:
+                items.put(("error", {"type": type(exc).__name__, "detail": exc.detail}))
+
+        threading.Thread(target=run, name=f"cell-{session_id}", daemon=True).start()
+        while True:
+            kind, item = items.get()
+            yield kind, item
+            if kind != "event":
+                return
 
     def interrupt(self, session_id: str) -> None:
         self._get(session_id).sandbox.interrupt()

@@ -4,6 +4,7 @@ import base64
 import hashlib
 import hmac
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,7 @@ from sandcell.domain.errors import (
 from sandcell.domain.ids import new_id
 from sandcell.domain.records import Tenant, WorkerInfo
 from sandcell.domain.sessions import Session, SessionState
-from sandcell.ports.session_hosts import HttpReply, SessionHost, SessionHosts
+from sandcell.ports.session_hosts import HttpReply, SessionHost, SessionHosts, StreamItem
 from sandcell.ports.sessions import CellResult
 from sandcell.ports.store import Store
 from sandcell.services.audit import AuditLog
@@ -146,6 +147,12 @@ class SessionService:
     def execute(self, who: Principal, session_id: str, code: str, timeout_s: float) -> CellResult:
         session = self._running(who, session_id)
         return self._host_of(session).execute(session.id, code, timeout_s)
+
+    def execute_stream(
+        self, who: Principal, session_id: str, code: str, timeout_s: float
+    ) -> Iterator[StreamItem]:
+        session = self._running(who, session_id)
+        return self._host_of(session).execute_stream(session.id, code, timeout_s)
 
     def interrupt(self, who: Principal, session_id: str) -> None:
         session = self._running(who, session_id)
