@@ -55,3 +55,4 @@ def configure(level: int = logging.INFO, *secrets: str) -> None:
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
     logging.getLogger("uvicorn.access").disabled = True  # our middleware logs requests
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per internal call is noise

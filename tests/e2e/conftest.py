@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,11 +74,9 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPKI:
     return TestPKI(tmp_path_factory.mktemp("pki"))
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[Server]:
-    if os.geteuid() != 0:
-        pytest.skip("the gVisor worker needs root")
-    data_dir = tmp_path_factory.mktemp("sandcell-data")
+@contextmanager
+def running_server(data_dir: Path, pki: TestPKI) -> Iterator[Server]:
+    """`sandcell serve` on `data_dir` until the block ends (SIGTERM: a graceful stop)."""
     port = _free_port()
     env = os.environ | {
         # The operator lets the proxy reach this machine's loopback test servers, by name.
@@ -91,11 +90,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[S
         "SANDCELL_ADMIN_KEY": ADMIN_KEY,
         "SANDCELL_WORKER_SLOTS": "2",
     }
-    subprocess.run(
-        [sys.executable, "-m", "sandcell.cli.main", "image", "build", "python"], env=env, check=True
-    )
     log = data_dir / "serve.log"
-    with log.open("wb") as out:
+    with log.open("ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sandcell.cli.main", "serve"],
             env=env,
@@ -110,10 +106,21 @@ def server(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[S
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
-            proc.wait(30)
+            proc.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[Server]:
+    if os.geteuid() != 0:
+        pytest.skip("the gVisor worker needs root")
+    for image in ("python", "python-data"):
+        build = [sys.executable, "-m", "sandcell.cli.main", "image", "build", image]
+        subprocess.run(build, env=os.environ | {"SANDCELL_IMAGE_DIR": str(IMAGE_DIR)}, check=True)
+    with running_server(tmp_path_factory.mktemp("sandcell-data"), pki) as running:
+        yield running
 
 
 def run_job(server: Server, headers: dict[str, str], body: dict, timeout: float = 60) -> dict:

@@ -7,7 +7,8 @@ import time
 import httpx
 import pytest
 
-from tests.e2e.conftest import Server, host_processes_mentioning
+from tests.e2e.conftest import Server, host_processes_mentioning, running_server
+from tests.integration.egress_servers import TestPKI
 
 pytestmark = pytest.mark.gvisor
 
@@ -137,4 +138,28 @@ def test_execute_streams_output_as_it_is_produced(server: Server) -> None:
         kinds = [kind for kind, _ in arrivals]
         assert kinds[0] == "stdout" and kinds[-1] == "result"
         assert arrivals[0][1] < arrivals[-1][1] - 1.5  # 'first' came before the cell ended
+        http.delete(f"/v1/sessions/{sid}")
+
+
+def test_a_session_paused_by_a_server_restart_resumes_with_its_memory(
+    server: Server, pki: TestPKI, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    data_dir = tmp_path_factory.mktemp("restart-data")
+    with running_server(data_dir, pki) as first:
+        headers = first.tenant("restart")
+        with httpx.Client(base_url=first.url, headers=headers, timeout=120) as http:
+            sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+            _execute(http, sid, "x = 41")
+            http.put(f"/v1/sessions/{sid}/files/kept.txt", content=b"kept").raise_for_status()
+    # The graceful stop paused (checkpointed) the live session; nothing of it runs now.
+    assert host_processes_mentioning(sid) == []
+    with (
+        running_server(data_dir, pki) as second,
+        httpx.Client(base_url=second.url, headers=headers, timeout=120) as http,
+    ):
+        record = http.get(f"/v1/sessions/{sid}").json()
+        assert record["state"] == "paused" and record["pause_mode"] == "memory"
+        assert http.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
+        assert _execute(http, sid, "x + 1")["result"] == "42"
+        assert http.get(f"/v1/sessions/{sid}/files/kept.txt").content == b"kept"
         http.delete(f"/v1/sessions/{sid}")

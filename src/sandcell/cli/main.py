@@ -70,6 +70,9 @@ def serve(
         "API key: `sandcell admin create-tenant NAME` then `sandcell admin create-key --tenant ID`"
         " (or set SANDCELL_ADMIN_KEY and use POST /v1/admin/tenants)."
     )
+    # uvicorn re-raises the SIGTERM it handled once it has stopped; with the default handler
+    # that would kill this process before it waits for the worker to pause its sessions.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     try:
         uvicorn.run(api, host=settings.host, port=settings.port, log_config=None)
     finally:

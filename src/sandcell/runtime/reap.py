@@ -4,9 +4,11 @@ Shared by the runtimes that keep their sandboxes under `<state_dir>/sandboxes` a
 cgroups under one parent (see cgroups.py and scratch.py).
 """
 
+import os
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from sandcell.runtime import cgroups
@@ -59,3 +61,28 @@ def mounts_under(prefix: str) -> list[str]:
 def _unescape(field: str) -> str:
     """mountinfo writes space, tab, newline and backslash as octal escapes."""
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live host processes whose command line names `text` (a sandbox id)."""
+    found = []
+    needle = text.encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/cmdline", "rb") as cmdline:
+                if needle in cmdline.read():
+                    found.append(int(entry.name))
+        except OSError:
+            continue  # gone while we looked
+    return found
+
+
+def wait_until_gone(sandbox_id: str, timeout_s: float = 5.0) -> list[str]:
+    """Released means no host process left: runsc's processes exit a moment after their
+    cgroup empties, so wait for them; report any that stay."""
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_mentioning(sandbox_id)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return [f"host processes {left}"] if left else []

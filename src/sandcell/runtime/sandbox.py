@@ -36,6 +36,7 @@ from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
 from sandcell.runtime.guest_mounts import needs_host_sockets, oci_guest_mounts
 from sandcell.runtime.network import BRIDGE_MEMORY_MB, BRIDGE_TASKS
 from sandcell.runtime.outputs import collect_outputs
+from sandcell.runtime.reap import wait_until_gone
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.scratch import GUEST_UID, Scratch, ScratchError
 from sandcell.runtime.streams import Streams
@@ -314,7 +315,7 @@ class SandboxRun:
                 problems.append(f"{step.__name__}: {exc}")
         if self.runsc.has_state(self.spec.sandbox_id):
             problems.append("runsc container state")
-        return problems
+        return problems + wait_until_gone(self.spec.sandbox_id)
 
     def _stop_container(self) -> list[str]:
         if self.proc is not None and self.proc.poll() is None:

@@ -20,6 +20,7 @@ from sandcell.domain.errors import PreviewUnavailable, RuntimeUnavailable, Sessi
 from sandcell.ports.sessions import CellEvent, CellResult, SessionSpec
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.kernel_channel import CellCollector, KernelChannel
+from sandcell.runtime.reap import wait_until_gone
 from sandcell.runtime.runsc import RunscError
 from sandcell.runtime.sandbox import BOOT_CPUS, RUNSC_ENV, boot_cpus
 from sandcell.runtime.session_preview import (
@@ -279,6 +280,7 @@ class GVisorSession:
                 problems.append(f"{step.__name__}: {exc}")
         if self.parts.runsc.has_state(self.sandbox_id):
             problems.append("runsc container state")
+        problems += wait_until_gone(self.sandbox_id)
         if problems:
             log.warning("session sandbox %s not released: %s", self.sandbox_id, problems)
         return problems

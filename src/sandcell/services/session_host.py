@@ -245,9 +245,11 @@ class LocalSessionHost:
         """On a graceful stop: checkpoint every live session so it can resume later."""
         with self._lock:
             ids = list(self._live)
+        log.info("pausing %d live sessions before stopping", len(ids))
         for session_id in ids:
             try:
-                self.pause(session_id)
+                kept = self.pause(session_id)
+                log.info("session %s paused (memory kept: %s)", session_id, kept)
             except Exception:
                 log.exception("session %s could not be paused; stopping it", session_id)
                 self.stop(session_id, "worker_stopped")
