@@ -11,7 +11,6 @@ import hashlib
 import os
 import re
 import shutil
-import subprocess
 import threading
 from pathlib import Path
 
@@ -20,9 +19,10 @@ from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime import cgroups
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
+from sandcell.runtime.reap import reap_cgroups, reap_scratch
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import SandboxRun
-from sandcell.runtime.scratch import Scratch, attached_loops, probe_loop_disk
+from sandcell.runtime.scratch import Scratch, probe_loop_disk
 
 SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # names dirs and cgroups
 
@@ -112,44 +112,7 @@ class GVisorRuntime:
         return removed
 
     def _reap_cgroups(self) -> list[str]:
-        removed = []
-        for name in sorted(cgroups.children(self.cgroup_parent)):
-            cgroup = SandboxCgroup(f"{self.cgroup_parent}/{name}")
-            cgroup.kill_all()
-            cgroup.remove()
-            removed.append(f"cgroup {cgroup.relpath}")
-        # The parent too, now empty: one per state_dir would otherwise pile up (`run` remakes it).
-        SandboxCgroup(self.cgroup_parent).remove(timeout_s=0)
-        return removed
+        return reap_cgroups(self.cgroup_parent)
 
     def _reap_scratch(self) -> list[str]:
-        removed = []
-        prefix = f"{self.sandboxes_dir}/"
-        for mount_point in _mounts_under(prefix):
-            subprocess.run(["umount", "--lazy", mount_point], capture_output=True, check=False)
-            removed.append(f"mount {mount_point}")
-        for device, backing in attached_loops().items():
-            if backing.startswith(prefix):
-                subprocess.run(["losetup", "--detach", device], capture_output=True, check=False)
-                removed.append(f"loop device {device}")
-        if self.sandboxes_dir.is_dir():
-            for leftover in sorted(self.sandboxes_dir.iterdir()):
-                shutil.rmtree(leftover, ignore_errors=True)
-                removed.append(f"scratch {leftover.name}")
-        return removed
-
-
-def _mounts_under(prefix: str) -> list[str]:
-    """Mount points below `prefix`, deepest first (so they unmount in order)."""
-    points = []
-    with open("/proc/self/mountinfo") as mountinfo:
-        for line in mountinfo:
-            point = _unescape(line.split()[4])
-            if point.startswith(prefix):
-                points.append(point)
-    return sorted(points, key=len, reverse=True)
-
-
-def _unescape(field: str) -> str:
-    """mountinfo writes space, tab, newline and backslash as octal escapes."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+        return reap_scratch(self.sandboxes_dir)
