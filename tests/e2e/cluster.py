@@ -117,7 +117,7 @@ class Cluster:
                 "SANDCELL_LEASE_S": str(LEASE_S),
                 "SANDCELL_HEARTBEAT_S": "0.5",
                 "SANDCELL_DRAIN_S": "2",
-            "SANDCELL_QUOTA_CONCURRENT_JOBS": "100",  # a whole run may be queued at once
+                "SANDCELL_QUOTA_CONCURRENT_JOBS": "100",  # a whole run may be queued at once
             }
         )
 
@@ -188,7 +188,8 @@ class Cluster:
             proc.stop()
         for proc in self.procs:  # whatever a killed worker's sandboxes left, if not yet reaped
             if proc.worker_id:
-                GVisorRuntime(proc.data_dir / "sandboxes").reap()
+                for state_dir in ("sandboxes", "session-sandboxes"):  # jobs', sessions'
+                    GVisorRuntime(proc.data_dir / state_dir).reap()
         self.store.engine.dispose()
 
 

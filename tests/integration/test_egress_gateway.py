@@ -123,13 +123,15 @@ def test_events_are_collected_safely_from_concurrent_connections(
     assert len(session.events()) == 20
 
 
-def test_a_session_id_in_use_is_refused_without_touching_it(
+def test_each_open_gets_its_own_short_directory_and_leaves_others_alone(
     egress: ProxyEgress, image_ca: Path
 ) -> None:
     first = egress.open("job-dup-1", ["allowed.test"], [], image_ca)
+    second = egress.open("job-dup-1", ["allowed.test"], [], image_ca)
     try:
-        with pytest.raises(FileExistsError):
-            egress.open("job-dup-1", ["allowed.test"], [], image_ca)
+        assert first.attachment.socket_dir != second.attachment.socket_dir
+        assert len(first.attachment.socket_dir.parent.name) == 16  # not the (long) session id
+        second.close()
         assert (first.attachment.socket_dir / SOCKET_NAME).is_socket()
     finally:
         first.close()

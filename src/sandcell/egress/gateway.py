@@ -16,6 +16,7 @@ import shutil
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from secrets import token_hex
 from typing import Any
 
 from sandcell.egress.audit import EgressEvent
@@ -126,7 +127,9 @@ class ProxyEgress:
     def _session_dir(self, session_id: str) -> Path:
         if not SESSION_ID.match(session_id):
             raise ValueError(f"invalid egress session id {session_id!r}")
-        directory = self.state_dir / session_id
+        # A short random name, not the session id: a unix socket path has at most 107 bytes,
+        # and a long data dir plus a job id would overflow it.
+        directory = self.state_dir / token_hex(8)
         socket_path = directory / "sock" / SOCKET_NAME
         if len(bytes(socket_path)) > SUN_PATH_MAX:
             raise ValueError(f"egress socket path too long for a unix socket: {socket_path}")

@@ -7,10 +7,10 @@ Wire format: one JSON line per request; a commit_stage line lists files with siz
 that many bytes of each file follow. One JSON line answers.
 """
 
-import hashlib
 import json
 import logging
 import os
+import secrets
 import shutil
 import socket
 import threading
@@ -25,7 +25,7 @@ log = logging.getLogger("sandcell.guest_channel")
 MAX_LINE = 64 * 1024
 MAX_FILE = 8 * 1024**3
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes, one of them the terminating NUL
-DIR_NAME_CHARS = 16
+DIR_NAME_BYTES = 8  # 64 random bits, in 16 characters of the ~107
 
 
 class _Exactly:
@@ -121,13 +121,14 @@ class SocketGuestChannels:
     def __init__(self, root: Path) -> None:
         self.root = root.absolute()  # runsc bind-mounts need absolute sources
         self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        # Traversable, not listable: bwrap opens its bind sources as the sandbox's own uid.
+        # Traversable, not listable: bwrap opens its bind sources as the sandbox's own uid,
+        # and only a sandbox given its channel's (random) name can get through to it.
         self.root.chmod(0o711)
 
     def open(self, sandbox_id: str, recorder: StageRecorder) -> GuestChannel:
-        # A digest, not the id itself: a unix socket path has room for only ~107 bytes.
-        name = hashlib.sha256(sandbox_id.encode()).hexdigest()[:DIR_NAME_CHARS]
-        directory = self.root / name
+        # A random name, not the id: unguessable, it is what keeps other host users (the root
+        # is traversable) off the socket; and short, as a socket path has only ~107 bytes.
+        directory = self.root / secrets.token_hex(DIR_NAME_BYTES)
         if len(bytes(directory / GUEST_CHANNEL_SOCKET)) > SUN_PATH_MAX:
             raise SandcellError(f"guest channel path too long for a unix socket: {directory}")
         channel = GuestChannel(directory, recorder)

@@ -69,7 +69,10 @@ def require_mount_points(config: dict[str, Any], rootfs: Path) -> None:
 
     runsc makes a missing one itself, in the host's image directory, despite the read-only
     root: the image would change under its recorded digest. Images make them at build time.
+    A missing root is left to runsc, which refuses it (and says so).
     """
+    if not rootfs.is_dir():
+        return
     missing = [
         mount["destination"]
         for mount in config["mounts"]

@@ -32,7 +32,8 @@ NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 MANIFEST = "manifest.json"
 MOUNT_POINTS = ("job", "input", "workspace", "output")  # the root is read-only: made at build
 # Where a job with egress gets its proxy socket dir and CA bundle: made at build for the same
-# reason (runsc cannot create a mount point on a read-only root).
+# reason. (runsc 20221219 would make a missing one itself, in the shared host rootfs, despite
+# root.readonly, changing the image under its digest: bundle.require_mount_points refuses.)
 EGRESS_MOUNT_DIR = GUEST_SOCKET_DIR.lstrip("/")
 EGRESS_MOUNT_FILE = GUEST_CA_BUNDLE.lstrip("/")
 BUILD_TIMEOUT_S = 900
