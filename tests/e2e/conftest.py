@@ -75,21 +75,27 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> TestPKI:
 
 
 @contextmanager
-def running_server(data_dir: Path, pki: TestPKI) -> Iterator[Server]:
+def running_server(
+    data_dir: Path, pki: TestPKI, extra_env: dict[str, str] | None = None
+) -> Iterator[Server]:
     """`sandcell serve` on `data_dir` until the block ends (SIGTERM: a graceful stop)."""
     port = _free_port()
-    env = os.environ | {
-        # The operator lets the proxy reach this machine's loopback test servers, by name.
-        "SANDCELL_EGRESS_ALLOWED_NETWORKS": json.dumps(["127.0.0.0/8"]),
-        "SANDCELL_EGRESS_ANY_PORT": "1",
-        "SANDCELL_EGRESS_HOSTS": json.dumps(TEST_HOSTS),
-        "SANDCELL_EGRESS_UPSTREAM_CA_FILE": str(pki.ca_file),
-        "SANDCELL_DATA_DIR": str(data_dir),
-        "SANDCELL_IMAGE_DIR": str(IMAGE_DIR),
-        "SANDCELL_PORT": str(port),
-        "SANDCELL_ADMIN_KEY": ADMIN_KEY,
-        "SANDCELL_WORKER_SLOTS": "2",
-    }
+    env = (
+        os.environ
+        | {
+            # The operator lets the proxy reach this machine's loopback test servers, by name.
+            "SANDCELL_EGRESS_ALLOWED_NETWORKS": json.dumps(["127.0.0.0/8"]),
+            "SANDCELL_EGRESS_ANY_PORT": "1",
+            "SANDCELL_EGRESS_HOSTS": json.dumps(TEST_HOSTS),
+            "SANDCELL_EGRESS_UPSTREAM_CA_FILE": str(pki.ca_file),
+            "SANDCELL_DATA_DIR": str(data_dir),
+            "SANDCELL_IMAGE_DIR": str(IMAGE_DIR),
+            "SANDCELL_PORT": str(port),
+            "SANDCELL_ADMIN_KEY": ADMIN_KEY,
+            "SANDCELL_WORKER_SLOTS": "2",
+        }
+        | (extra_env or {})
+    )
     log = data_dir / "serve.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(

@@ -11,6 +11,7 @@ SandcellError
 ├── QuotaExceeded          a tenant quota or rate limit; carries retry_after_s
 ├── ImageUnavailable       an image that is not built or whose digest no longer matches
 ├── RuntimeUnavailable     the isolation runtime cannot be applied: fail closed
+├── StorageFull            the artifact store has no space: the job fails, nothing half-written
 ├── StaleLease             a worker wrote with a fencing token that is no longer current
 ├── StoreUnavailable       the database cannot be reached right now (restart, failover): retry
 ├── SessionUnavailable     a session's sandbox ended or stopped answering (workspace kept)
@@ -80,6 +81,10 @@ class ImageUnavailable(SandcellError):
 
 class RuntimeUnavailable(SandcellError):
     """The isolation runtime cannot be applied."""
+
+
+class StorageFull(SandcellError):
+    """The artifact storage is full."""
 
 
 class StaleLease(SandcellError):

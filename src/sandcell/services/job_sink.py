@@ -1,10 +1,12 @@
 """JobSink: where a running sandbox's output goes — log chunks and artifacts in the store."""
 
+import errno
 import threading
 import time
 from collections.abc import Callable
 from typing import BinaryIO, TypeVar
 
+from sandcell.domain.errors import StorageFull
 from sandcell.domain.ids import new_id
 from sandcell.domain.paths import safe_relative_path
 from sandcell.domain.records import Artifact, Job
@@ -79,7 +81,12 @@ class JobSink:
         except ValueError:
             self.skipped_outputs += 1  # a name we cannot represent safely is not published
             return
-        sha256, stored_size = self.blobs.put(content)
+        try:
+            sha256, stored_size = self.blobs.put(content)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageFull(f"artifact storage is full while storing {path}") from exc
+            raise
         if (path, sha256) in self._staged():
             return  # already an artifact: committed by a stage of this job
         artifact = Artifact(

@@ -16,7 +16,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from sandcell.domain.errors import ImageUnavailable, SandcellError, StaleLease, StoreUnavailable
+from sandcell.domain.errors import (
+    ImageUnavailable,
+    SandcellError,
+    StaleLease,
+    StorageFull,
+    StoreUnavailable,
+)
 from sandcell.domain.ids import new_id
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits, out_of_range
@@ -324,6 +330,8 @@ class Worker:
     ) -> SandboxResult:
         try:
             return self.runtime.run(spec, sink, cancel)
+        except StorageFull as exc:  # ours, not the sandbox's: nothing of it was recorded
+            return SandboxResult(None, Reason.INTERNAL, exc.detail, released=True)
         except SandcellError as exc:
             return SandboxResult(None, Reason.RUNTIME_ERROR, exc.detail)
 
