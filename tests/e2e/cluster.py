@@ -117,7 +117,8 @@ class Cluster:
                 "SANDCELL_LEASE_S": str(LEASE_S),
                 "SANDCELL_HEARTBEAT_S": "0.5",
                 "SANDCELL_DRAIN_S": "2",
-                "SANDCELL_QUOTA_CONCURRENT_JOBS": "100",  # a whole run may be queued at once
+                "SANDCELL_QUOTA_CONCURRENT_JOBS": "1000",  # a whole run may be queued at once
+                "SANDCELL_QUOTA_BURST": "1000",
             }
         )
 
