@@ -1,6 +1,7 @@
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +56,13 @@ def sqlite_store(path: Path) -> SqlStore:
 
 @pytest.fixture
 def api(tmp_path: Path) -> Iterator[Api]:
+    with build_api(tmp_path) as built:
+        yield built
+
+
+@contextmanager
+def build_api(tmp_path: Path) -> Iterator[Api]:
+    """The real app over SQLite, with fakes for the image catalog and the session runtime."""
     store = sqlite_store(tmp_path / "test.db")
     blobs = FilesystemBlobStore(tmp_path / "blobs")
     images = FakeImages("python")

@@ -118,7 +118,7 @@ def test_hostile_bodies_get_4xx_not_500(api: Api) -> None:
         api.http.post(
             "/v1/jobs", content=b"\xff\xfe{", headers=alice | {"Content-Type": "application/json"}
         ),
-        400,
+        422,
     )
     _problem(
         api.http.post(

@@ -36,6 +36,23 @@ def test_a_session_keeps_state_across_cells_and_another_tenant_sees_404(api: Api
     assert api.http.get(f"/v1/sessions/{sid}", headers=alice).json()["executions"] == 2
 
 
+def test_a_workspace_upload_is_raw_bytes_held_to_the_file_limit_not_the_json_one(
+    api: Api,
+) -> None:
+    alice = api.tenant("alice")
+    sid = _start(api, alice)["id"]
+    octets = alice | {"Content-Type": "application/octet-stream"}
+    big = b"x" * (256 * 1024 + 1)  # over the JSON body limit, under the file limit
+    for name, content in [("big.bin", big), ("deep.json", b"[" * 100 + b"]" * 100)]:
+        put = api.http.put(f"/v1/sessions/{sid}/files/{name}", content=content, headers=octets)
+        assert put.status_code == 200, put.text
+        got = api.http.get(f"/v1/sessions/{sid}/files/{name}", headers=alice)
+        assert got.content == content
+    huge = b"x" * (1024 * 1024 + 4096 + 1)
+    put = api.http.put(f"/v1/sessions/{sid}/files/huge.bin", content=huge, headers=octets)
+    assert put.status_code == 413, put.text
+
+
 def test_files_go_in_and_out_of_the_workspace_and_never_escape_it(api: Api) -> None:
     alice = api.tenant("alice")
     sid = _start(api, alice)["id"]

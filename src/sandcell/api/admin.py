@@ -4,15 +4,26 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Response
+from pydantic import BeforeValidator
 
 from sandcell.api.deps import Admin, Svc
+from sandcell.api.problems import problem_responses
 from sandcell.api.schemas import AuditEventOut, AuditPage, KeyIn, KeyOut, TenantIn, TenantOut
 from sandcell.api.views import iso
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
 
 
-@router.post("/tenants", status_code=201, response_model=TenantOut)
+def _not_a_number(value: object) -> object:
+    """A date-time, as documented; not the Unix seconds that pydantic would also take."""
+    if isinstance(value, str) and value.strip().lstrip("+-").replace(".", "", 1).isdigit():
+        raise ValueError("an RFC 3339 date-time, not a number")
+    return value
+
+
+@router.post(
+    "/tenants", status_code=201, response_model=TenantOut, responses=problem_responses(409)
+)
 def create_tenant(svc: Svc, who: Admin, body: TenantIn) -> TenantOut:
     tenant = svc.auth.create_tenant(
         body.name,
@@ -24,13 +35,18 @@ def create_tenant(svc: Svc, who: Admin, body: TenantIn) -> TenantOut:
     return TenantOut(id=tenant.id, name=tenant.name)
 
 
-@router.post("/tenants/{tenant_id}/keys", status_code=201, response_model=KeyOut)
+@router.post(
+    "/tenants/{tenant_id}/keys",
+    status_code=201,
+    response_model=KeyOut,
+    responses=problem_responses(404),
+)
 def create_key(svc: Svc, who: Admin, tenant_id: str, body: KeyIn | None = None) -> KeyOut:
     key = svc.auth.create_key(tenant_id, body.scopes if body else None, actor=who.key_id)
     return KeyOut(id=key.split("_")[1], key=key, tenant_id=tenant_id)
 
 
-@router.delete("/keys/{key_id}", status_code=204)
+@router.delete("/keys/{key_id}", status_code=204, responses=problem_responses(404))
 def revoke_key(svc: Svc, who: Admin, key_id: str) -> Response:
     svc.auth.revoke_key(key_id, actor=who.key_id)
     return Response(status_code=204)
@@ -42,7 +58,11 @@ def audit(
     _: Admin,
     tenant_id: Annotated[str | None, Query(max_length=64)] = None,
     action: Annotated[str | None, Query(max_length=64)] = None,
-    before: Annotated[datetime | None, Query(description="only events before this time")] = None,
+    before: Annotated[
+        datetime | None,
+        BeforeValidator(_not_a_number),
+        Query(description="only events before this time (RFC 3339)"),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
 ) -> AuditPage:
     """The audit trail, newest first: admin actions, refused keys, cancels, retirements."""

@@ -11,6 +11,7 @@ from sandcell.api import admin, problems, routes, session_routes
 from sandcell.api.deps import Services
 from sandcell.api.metrics import registry_for
 from sandcell.api.requests import RequestLog
+from sandcell.api.schemas import HealthOut, ReadyOut
 
 WORKER_STALE_S = 10.0
 
@@ -39,11 +40,16 @@ def create_app(
     registry, app.state.ack_histogram = registry_for(services.store)
     app.mount("/metrics", make_asgi_app(registry))
 
-    @app.get("/healthz", tags=["health"])
-    def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    @app.get("/healthz", tags=["health"], response_model=HealthOut)
+    def healthz() -> HealthOut:
+        return HealthOut(status="ok")
 
-    @app.get("/readyz", tags=["health"])
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        response_model=ReadyOut,
+        responses={503: {"model": ReadyOut, "description": "not ready: see `checks`"}},
+    )
     def readyz() -> JSONResponse:
         checks = {
             "store": _ok(services.store.ping),

@@ -7,8 +7,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sandcell.api.schemas import Problem
 from sandcell.domain import errors as e
 
 PROBLEM_TYPES: list[tuple[type[e.SandcellError], int, str]] = [
@@ -20,6 +22,7 @@ PROBLEM_TYPES: list[tuple[type[e.SandcellError], int, str]] = [
     (e.PayloadTooLarge, 413, "payload-too-large"),
     (e.Conflict, 409, "conflict"),
     (e.QuotaExceeded, 429, "quota-exceeded"),
+    (e.StorageFull, 507, "storage-full"),
     (e.ImageUnavailable, 422, "image-unavailable"),
     (e.RuntimeUnavailable, 503, "runtime-unavailable"),
     (e.StaleLease, 409, "stale-lease"),
@@ -27,6 +30,81 @@ PROBLEM_TYPES: list[tuple[type[e.SandcellError], int, str]] = [
     (e.SessionUnavailable, 409, "session-unavailable"),
     (e.PreviewUnavailable, 502, "preview-unavailable"),
 ]
+MEDIA_TYPE = "application/problem+json"
+# How the OpenAPI document describes each problem status (and the headers that come with it).
+ANSWERS: dict[int, str] = {
+    401: "No valid API key (or download signature).",
+    403: "The API key lacks the scope this needs, or is an admin key on a tenant route.",
+    404: "No such resource for this tenant.",
+    409: "The resource is not in a state that allows this.",
+    413: "The body is larger than the configured limit.",
+    422: "The request is invalid: `errors` names each offending field.",
+    429: "A quota or rate limit refused it: retry after `Retry-After` seconds.",
+    503: "The store or the runtime is unavailable for now.",
+}
+HEADERS: dict[int, dict[str, Any]] = {
+    401: {"WWW-Authenticate": {"schema": {"type": "string"}, "required": True}},
+    429: {"Retry-After": {"schema": {"type": "integer"}, "required": True}},
+    503: {"Retry-After": {"schema": {"type": "integer"}}},
+}
+
+
+def problem_response(status: int) -> dict[str, Any]:
+    """The OpenAPI response object of a problem answer."""
+    answer: dict[str, Any] = {
+        "description": ANSWERS[status],
+        "content": {MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
+    }
+    if status in HEADERS:
+        answer["headers"] = HEADERS[status]
+    return answer
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """For a route's `responses=`: the problems its own logic answers (404, 409, 429)."""
+    return {status: problem_response(status) for status in statuses}
+
+
+def document(app: FastAPI) -> None:
+    """Complete the OpenAPI document with the problems that every route can answer: the
+    key check (401, 403), the body guard (413, 422), parameter validation (422) and the
+    store (503); and with problem+json, not FastAPI's own shape, for every 422."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            _with_problems(generate())
+        return app.openapi_schema  # type: ignore[return-value]  # set by generate()
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _with_problems(doc: dict[str, Any]) -> None:
+    schemas = doc.setdefault("components", {}).setdefault("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    schema = Problem.model_json_schema(ref_template="#/components/schemas/{model}")
+    schemas.update(schema.pop("$defs", {}))
+    schemas["Problem"] = schema
+    for path, item in doc.get("paths", {}).items():
+        for method, operation in item.items():
+            responses = operation.setdefault("responses", {})
+            for status in _generic_statuses(path, method, operation):
+                if status == 422 or str(status) not in responses:
+                    responses[str(status)] = problem_response(status)
+
+
+def _generic_statuses(path: str, method: str, operation: dict[str, Any]) -> list[int]:
+    statuses = []
+    if operation.get("security"):
+        statuses += [401, 403]
+    if method not in ("get", "head", "options"):
+        statuses += [413, 422]  # the body guard reads every other method's body
+    if operation.get("parameters") or operation.get("requestBody"):
+        statuses.append(422)
+    if path.startswith("/v1/"):
+        statuses.append(503)
+    return sorted(set(statuses))
 
 
 def problem(
@@ -41,7 +119,7 @@ def problem(
     if errors is not None:
         body["errors"] = errors
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-    return JSONResponse(body, status, headers=headers, media_type="application/problem+json")
+    return JSONResponse(body, status, headers=headers, media_type=MEDIA_TYPE)
 
 
 def _domain_error(_: Request, exc: Exception) -> JSONResponse:
@@ -76,9 +154,29 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
     return problem(422, "invalid-request", "The request is invalid.", "see errors", listed)
 
 
-def _http_error(_: Request, exc: Exception) -> JSONResponse:
+def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return problem(exc.status_code, "http", str(exc.detail), str(exc.detail))
+    if exc.status_code == 400:
+        # FastAPI's answer to a body it cannot decode (bad UTF-8, broken multipart): like any
+        # other invalid body, a 422 that names the body.
+        where = [{"field": "body", "in": "body", "message": str(exc.detail)}]
+        return problem(422, "invalid-request", "The request is invalid.", "see errors", where)
+    response = problem(exc.status_code, "http", str(exc.detail), str(exc.detail))
+    response.headers.update(exc.headers or {})
+    if exc.status_code == 405:
+        response.headers["Allow"] = ", ".join(_allowed_methods(request))
+    return response
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at this path (Starlette names only the first route's,
+    and FastAPI makes one route per method)."""
+    allowed: set[str] = set()
+    for route in request.app.router.routes:
+        methods = getattr(route, "methods", None)
+        if methods and route.matches(request.scope)[0] is not Match.NONE:
+            allowed |= methods
+    return sorted(allowed)
 
 
 def _unexpected(_: Request, exc: Exception) -> JSONResponse:
@@ -90,6 +188,7 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _unexpected)
+    document(app)
 
 
 def json_depth(value: Any) -> int:
@@ -115,9 +214,9 @@ class BodyGuard:
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
-        is_json = b"json" in headers.get(b"content-type", b"") or b"multipart" not in headers.get(
-            b"content-type", b""
-        )
+        # Uploads are a multipart form (`POST /v1/files`) or a file's raw bytes (`PUT`, the
+        # session workspace): held to the file limit and never parsed. Any other body is JSON.
+        is_json = b"multipart" not in headers.get(b"content-type", b"") and scope["method"] != "PUT"
         limit = self.max_json if is_json else self.max_upload
         declared = headers.get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > limit:

@@ -10,8 +10,10 @@ from fastapi import APIRouter, File, Header, Query, Request, Response, UploadFil
 from fastapi.responses import StreamingResponse
 
 from sandcell.api.deps import Caller, Svc
+from sandcell.api.problems import problem_responses
 from sandcell.api.schemas import (
     ArtifactOut,
+    DeletionReport,
     FileOut,
     JobIn,
     JobOut,
@@ -23,7 +25,6 @@ from sandcell.api.schemas import (
     SignedUrlOut,
 )
 from sandcell.api.views import artifact_out, file_out, iso, job_out, log_text
-from sandcell.domain.errors import FieldError, InvalidRequest
 from sandcell.domain.records import InputRef, Job, SecretInfo
 from sandcell.domain.states import JobState
 from sandcell.services.jobs import Submission, body_fingerprint
@@ -52,26 +53,28 @@ def _submission(body: JobIn) -> Submission:
     )
 
 
-def _idempotency_key(value: str | None) -> str | None:
-    if value is None:
-        return None
-    if not 1 <= len(value) <= 255 or not value.isprintable():
-        raise InvalidRequest(errors=[FieldError("Idempotency-Key", "1 to 255 printable chars")])
-    return value
-
-
-@router.post("/files", status_code=201, response_model=FileOut, tags=["files"])
+@router.post(
+    "/files",
+    status_code=201,
+    response_model=FileOut,
+    tags=["files"],
+    responses=problem_responses(404, 429),
+)
 def upload_file(svc: Svc, who: Caller, file: Annotated[UploadFile, File()]) -> FileOut:
     quota_bytes = svc.jobs.quotas(who).storage_mb * 2**20
     return file_out(svc.files.upload(who, file.filename or "", file.file, quota_bytes))
 
 
-@router.get("/files/{file_id}", response_model=FileOut, tags=["files"])
+@router.get(
+    "/files/{file_id}", response_model=FileOut, tags=["files"], responses=problem_responses(404)
+)
 def get_file(svc: Svc, who: Caller, file_id: str) -> FileOut:
     return file_out(svc.files.get_file(who, file_id))
 
 
-@router.delete("/files/{file_id}", status_code=204, tags=["files"])
+@router.delete(
+    "/files/{file_id}", status_code=204, tags=["files"], responses=problem_responses(404)
+)
 def delete_file(svc: Svc, who: Caller, file_id: str) -> Response:
     svc.files.delete_file(who, file_id)
     return Response(status_code=204)
@@ -82,7 +85,10 @@ def delete_file(svc: Svc, who: Caller, file_id: str) -> Response:
     status_code=202,
     response_model=JobOut,
     tags=["jobs"],
-    responses={200: {"model": JobOut, "description": "replay of an Idempotency-Key"}},
+    responses={
+        200: {"model": JobOut, "description": "replay of an Idempotency-Key"},
+        **problem_responses(404, 429),
+    },
 )
 def submit_job(
     svc: Svc,
@@ -90,7 +96,10 @@ def submit_job(
     body: JobIn,
     request: Request,
     response: Response,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+    idempotency_key: Annotated[
+        str | None,
+        Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$"),
+    ] = None,
 ) -> JobOut:
     with request.app.state.ack_histogram.time():
         return _submit(svc, who, body, response, idempotency_key)
@@ -99,9 +108,9 @@ def submit_job(
 def _submit(
     svc: Svc, who: Caller, body: JobIn, response: Response, idempotency_key: str | None
 ) -> JobOut:
-    key = _idempotency_key(idempotency_key)
     fingerprint = body_fingerprint(body.model_dump(mode="json"))
-    job, created = svc.jobs.submit(who, _submission(body), (key, fingerprint) if key else None)
+    key = (idempotency_key, fingerprint) if idempotency_key is not None else None
+    job, created = svc.jobs.submit(who, _submission(body), key)
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"
@@ -120,7 +129,9 @@ def list_jobs(
     return JobPage(items=[_job_out(svc, job) for job in jobs], next_cursor=next_cursor)
 
 
-@router.get("/jobs/{job_id}", response_model=JobOut, tags=["jobs"])
+@router.get(
+    "/jobs/{job_id}", response_model=JobOut, tags=["jobs"], responses=problem_responses(404)
+)
 async def get_job(
     svc: Svc,
     who: Caller,
@@ -143,7 +154,7 @@ async def get_job(
     "/jobs/{job_id}/logs",
     response_model=LogsOut,
     tags=["jobs"],
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={200: {"content": {"text/event-stream": {}}}, **problem_responses(404)},
 )
 def job_logs(svc: Svc, who: Caller, job_id: str, request: Request) -> Any:
     if "text/event-stream" in request.headers.get("accept", ""):
@@ -174,18 +185,34 @@ async def _log_events(svc: Svc, who: Any, job_id: str) -> AsyncIterator[str]:
         await asyncio.sleep(0.2 if not chunks else 0)
 
 
-@router.post("/jobs/{job_id}/cancel", status_code=202, response_model=JobOut, tags=["jobs"])
+@router.post(
+    "/jobs/{job_id}/cancel",
+    status_code=202,
+    response_model=JobOut,
+    tags=["jobs"],
+    responses=problem_responses(404),
+)
 def cancel_job(svc: Svc, who: Caller, job_id: str) -> JobOut:
     return _job_out(svc, svc.jobs.cancel(who, job_id))
 
 
-@router.delete("/jobs/{job_id}", tags=["jobs"])
+@router.delete(
+    "/jobs/{job_id}",
+    response_model=DeletionReport,
+    tags=["jobs"],
+    responses=problem_responses(404, 409),
+)
 def retire_job(svc: Svc, who: Caller, job_id: str) -> dict[str, Any]:
     """Retire the job now; the answer is a deletion report."""
     return svc.jobs.retire(who, job_id)
 
 
-@router.get("/artifacts/{artifact_id}", response_model=ArtifactOut, tags=["artifacts"])
+@router.get(
+    "/artifacts/{artifact_id}",
+    response_model=ArtifactOut,
+    tags=["artifacts"],
+    responses=problem_responses(404),
+)
 def get_artifact(svc: Svc, who: Caller, artifact_id: str) -> ArtifactOut:
     return artifact_out(svc.files.artifact(who, artifact_id))
 
@@ -193,8 +220,13 @@ def get_artifact(svc: Svc, who: Caller, artifact_id: str) -> ArtifactOut:
 @router.get(
     "/artifacts/{artifact_id}/content",
     tags=["artifacts"],
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={
+        200: {"content": {"application/octet-stream": {"schema": {"type": "string"}}}},
+        **problem_responses(404),
+    },
     response_class=StreamingResponse,
+    # An API key, or no key at all with a signed URL's `expires` and `sig`.
+    openapi_extra={"security": [{"HTTPBearer": []}, {}]},
 )
 def artifact_content(
     svc: Svc,
@@ -228,7 +260,12 @@ def _chunks(content: BinaryIO) -> Iterator[bytes]:
             yield chunk
 
 
-@router.post("/artifacts/{artifact_id}/url", response_model=SignedUrlOut, tags=["artifacts"])
+@router.post(
+    "/artifacts/{artifact_id}/url",
+    response_model=SignedUrlOut,
+    tags=["artifacts"],
+    responses=problem_responses(404),
+)
 def sign_artifact_url(svc: Svc, who: Caller, artifact_id: str) -> SignedUrlOut:
     artifact = svc.files.artifact(who, artifact_id)
     expires, sig = svc.files.sign(artifact, svc.signed_url_ttl_s)
@@ -253,7 +290,9 @@ def list_secrets(svc: Svc, who: Caller) -> SecretPage:
     return SecretPage(items=[_secret_out(info) for info in svc.secrets.list_secrets(who)])
 
 
-@router.delete("/secrets/{name}", status_code=204, tags=["secrets"])
+@router.delete(
+    "/secrets/{name}", status_code=204, tags=["secrets"], responses=problem_responses(404)
+)
 def delete_secret(svc: Svc, who: Caller, name: str) -> Response:
     svc.secrets.delete(who, name)
     return Response(status_code=204)

@@ -3,7 +3,15 @@
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    JsonValue,
+    model_validator,
+)
 
 from sandcell.domain.paths import safe_relative_path
 
@@ -30,12 +38,26 @@ def _env(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+def _whole_number(value: object) -> object:
+    """JSON Schema's integer is any number without a fraction: 3.0 as well as 3."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 Text = Annotated[str, AfterValidator(_no_nul)]
+# In a strict model: 3 and 3.0, never true or "3". (The validator wraps the whole union, so
+# that pydantic still writes a field's bounds into the JSON schema.)
+Int = Annotated[int, BeforeValidator(_whole_number)]
+OptionalInt = Annotated[int | None, BeforeValidator(_whole_number)]
 RelativePath = Annotated[str, AfterValidator(_relative_path)]
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """A request body: unknown fields and loosely typed values (`false` for a number,
+    `"1"` for an integer) are refused, as the OpenAPI document says."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
 
 class InputIn(Strict):
@@ -46,9 +68,9 @@ class InputIn(Strict):
 class LimitsIn(Strict):
     timeout_s: float | None = Field(None, description="wall clock seconds")
     cpu: float | None = Field(None, description="cores")
-    memory_mb: int | None = None
-    pids: int | None = None
-    disk_mb: int | None = Field(None, description="/workspace and /output together")
+    memory_mb: OptionalInt = None
+    pids: OptionalInt = None
+    disk_mb: OptionalInt = Field(None, description="/workspace and /output together")
     output_mb: float | None = Field(None, description="stdout and stderr together")
 
 
@@ -64,10 +86,27 @@ class SecretIn(Strict):
 
 
 class RetryIn(Strict):
-    max_attempts: int = Field(1, ge=1, le=5)
+    max_attempts: Int = Field(1, ge=1, le=5)
+
+
+# `code` or `command`, exactly one of them.
+CODE_XOR_COMMAND: dict[str, JsonValue] = {
+    "oneOf": [
+        {
+            "required": ["code"],
+            "properties": {"code": {"type": "string"}, "command": {"type": "null"}},
+        },
+        {
+            "required": ["command"],
+            "properties": {"command": {"type": "array"}, "code": {"type": "null"}},
+        },
+    ]
+}
 
 
 class JobIn(Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=CODE_XOR_COMMAND)
+
     image: str | None = Field(None, max_length=64, pattern=r"^[a-z0-9][a-z0-9.-]*$")
     code: Text | None = Field(None, max_length=1_000_000, description="Python source")
     command: list[Annotated[Text, Field(max_length=8192)]] | None = Field(
@@ -125,6 +164,36 @@ class JobOut(BaseModel):
     retired_at: str | None
 
 
+class RemovedOut(BaseModel):
+    artifacts: list[OutputOut]
+    artifact_bytes: int
+    log_bytes: int
+    code_and_env: bool
+    inputs: str
+    workspace: str
+    secrets_material: str
+
+
+class KeptInputOut(BaseModel):
+    file_id: str
+    remove_with: str
+
+
+class KeptOut(BaseModel):
+    job_record: str
+    input_files: list[KeptInputOut]
+
+
+class DeletionReport(BaseModel):
+    """What retiring a job removed, what it kept, and what the caller must remove."""
+
+    job_id: str
+    already_retired: bool
+    removed: RemovedOut
+    kept: KeptOut
+    caller_must_remove: list[str]
+
+
 class JobPage(BaseModel):
     items: list[JobOut]
     next_cursor: str | None
@@ -158,11 +227,11 @@ class SignedUrlOut(BaseModel):
 
 
 class QuotasIn(Strict):
-    concurrent_jobs: int | None = Field(None, ge=0, le=100_000)
-    sessions: int | None = Field(None, ge=0, le=10_000)
-    storage_mb: int | None = Field(None, ge=0, le=10**9)
+    concurrent_jobs: OptionalInt = Field(None, ge=0, le=100_000)
+    sessions: OptionalInt = Field(None, ge=0, le=10_000)
+    storage_mb: OptionalInt = Field(None, ge=0, le=10**9)
     jobs_per_minute: float | None = Field(None, gt=0, le=10**6)
-    burst: int | None = Field(None, ge=1, le=10**6)
+    burst: OptionalInt = Field(None, ge=1, le=10**6)
 
 
 class TenantIn(Strict):
@@ -204,7 +273,12 @@ class AuditPage(BaseModel):
 
 class SecretPut(Strict):
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    value: str = Field(min_length=1, max_length=8192, description="write-only; never returned")
+    value: str = Field(
+        min_length=1,
+        max_length=8192,
+        pattern=r"^[^\x00-\x1f]*$",
+        description="write-only; never returned",
+    )
 
 
 class SecretOut(BaseModel):
@@ -293,6 +367,40 @@ class FileList(BaseModel):
     items: list[FileEntry]
 
 
+class FileWritten(BaseModel):
+    path: str
+    size: int
+
+
+class InterruptOut(BaseModel):
+    interrupted: bool
+
+
+class HealthOut(BaseModel):
+    status: str
+
+
+class ReadyOut(BaseModel):
+    ready: bool
+    checks: dict[str, bool]
+
+
 class PreviewUrlOut(BaseModel):
     url: str
     expires_at: str
+
+
+class FieldProblem(BaseModel):
+    field: str = Field(description="the offending field, dotted (`limits.memory_mb`)")
+    message: str
+    where: str | None = Field(None, alias="in", description="body, query, path or header")
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details: every error answer of the API has this body."""
+
+    type: str = Field(description="a relative URI naming the kind of problem")
+    title: str
+    status: int
+    detail: str
+    errors: list[FieldProblem] | None = Field(None, description="validation: one per field")

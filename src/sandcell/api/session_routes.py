@@ -9,11 +9,14 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from sandcell.api.deps import Caller, Svc
+from sandcell.api.problems import problem_responses
 from sandcell.api.schemas import (
     ExecuteIn,
     ExecuteOut,
     FileEntry,
     FileList,
+    FileWritten,
+    InterruptOut,
     PreviewUrlOut,
     SessionIn,
     SessionOut,
@@ -25,6 +28,14 @@ from sandcell.domain.sessions import Session
 from sandcell.services.sessions import SessionRequest
 
 router = APIRouter(prefix="/v1", tags=["sessions"])
+# A route that acts on a session: it may not be the caller's (404), or not be running, or its
+# worker may be gone (409).
+SESSION_PROBLEMS = problem_responses(404, 409)
+WORKSPACE_PATH: dict[str, Any] = {
+    "max_length": 1024,
+    "pattern": r"^[^\x00-\x1f\x7f]*$",
+    "description": "relative to /workspace, normalised: no '..', '.' or empty segments",
+}
 HOP_BY_HOP = {
     "connection",
     "keep-alive",
@@ -64,7 +75,9 @@ def session_out(session: Session) -> SessionOut:
     )
 
 
-@router.post("/sessions", status_code=201, response_model=SessionOut)
+@router.post(
+    "/sessions", status_code=201, response_model=SessionOut, responses=problem_responses(404, 429)
+)
 def create_session(svc: Svc, who: Caller, body: SessionIn) -> SessionOut:
     request = SessionRequest(
         image=body.image,
@@ -83,12 +96,12 @@ def list_sessions(svc: Svc, who: Caller, live: bool = False) -> SessionPage:
     return SessionPage(items=[session_out(s) for s in svc.sessions.list_sessions(who, live)])
 
 
-@router.get("/sessions/{session_id}", response_model=SessionOut)
+@router.get("/sessions/{session_id}", response_model=SessionOut, responses=problem_responses(404))
 def get_session(svc: Svc, who: Caller, session_id: str) -> SessionOut:
     return session_out(svc.sessions.get(who, session_id))
 
 
-@router.delete("/sessions/{session_id}", response_model=SessionOut)
+@router.delete("/sessions/{session_id}", response_model=SessionOut, responses=SESSION_PROBLEMS)
 def stop_session(svc: Svc, who: Caller, session_id: str) -> SessionOut:
     return session_out(svc.sessions.stop(who, session_id))
 
@@ -96,7 +109,7 @@ def stop_session(svc: Svc, who: Caller, session_id: str) -> SessionOut:
 @router.post(
     "/sessions/{session_id}/execute",
     response_model=ExecuteOut,
-    responses={200: {"content": {"text/event-stream": {}}}},
+    responses={200: {"content": {"text/event-stream": {}}}, **SESSION_PROBLEMS},
 )
 def execute(svc: Svc, who: Caller, session_id: str, body: ExecuteIn, request: Request) -> Any:
     """Run one cell. With `Accept: text/event-stream`, output streams as it is produced:
@@ -113,46 +126,72 @@ def _sse(items: Iterator[tuple[str, dict[str, Any]]]) -> Iterator[str]:
         yield f"event: {name}\ndata: {json.dumps(item)}\n\n"
 
 
-@router.post("/sessions/{session_id}/interrupt", status_code=202)
-def interrupt(svc: Svc, who: Caller, session_id: str) -> dict[str, bool]:
+@router.post(
+    "/sessions/{session_id}/interrupt",
+    status_code=202,
+    response_model=InterruptOut,
+    responses=SESSION_PROBLEMS,
+)
+def interrupt(svc: Svc, who: Caller, session_id: str) -> InterruptOut:
     svc.sessions.interrupt(who, session_id)
-    return {"interrupted": True}
+    return InterruptOut(interrupted=True)
 
 
-@router.post("/sessions/{session_id}/pause", response_model=SessionOut)
+@router.post("/sessions/{session_id}/pause", response_model=SessionOut, responses=SESSION_PROBLEMS)
 def pause(svc: Svc, who: Caller, session_id: str) -> SessionOut:
     return session_out(svc.sessions.pause(who, session_id))
 
 
-@router.post("/sessions/{session_id}/resume", response_model=SessionOut)
+@router.post("/sessions/{session_id}/resume", response_model=SessionOut, responses=SESSION_PROBLEMS)
 def resume(svc: Svc, who: Caller, session_id: str) -> SessionOut:
     return session_out(svc.sessions.resume(who, session_id))
 
 
-@router.get("/sessions/{session_id}/files", response_model=FileList)
+@router.get("/sessions/{session_id}/files", response_model=FileList, responses=SESSION_PROBLEMS)
 def list_files(
-    svc: Svc, who: Caller, session_id: str, path: Annotated[str, Query(max_length=1024)] = ""
+    svc: Svc, who: Caller, session_id: str, path: Annotated[str, Query(**WORKSPACE_PATH)] = ""
 ) -> FileList:
     entries = svc.sessions.list_files(who, session_id, path)
     return FileList(items=[FileEntry(**entry) for entry in entries])
 
 
-@router.put("/sessions/{session_id}/files/{path:path}")
-async def upload(svc: Svc, who: Caller, session_id: str, path: str, request: Request) -> Any:
+@router.put(
+    "/sessions/{session_id}/files/{path:path}",
+    response_model=FileWritten,
+    responses=SESSION_PROBLEMS,
+    openapi_extra={
+        "requestBody": {
+            "description": "the file's bytes",
+            "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+        }
+    },
+)
+async def upload(
+    svc: Svc,
+    who: Caller,
+    session_id: str,
+    path: Annotated[str, Path(**WORKSPACE_PATH)],
+    request: Request,
+) -> FileWritten:
     """Write the request body to /workspace/{path}."""
     content = await request.body()
     if len(content) > request.app.state.max_upload_bytes:
         raise PayloadTooLarge("the file is too large")
     size = await to_thread.run_sync(svc.sessions.put_file, who, session_id, path, content)
-    return {"path": path, "size": size}
+    return FileWritten(path=path, size=size)
 
 
 @router.get(
     "/sessions/{session_id}/files/{path:path}",
-    responses={200: {"content": {"application/octet-stream": {}}}},
+    responses={
+        200: {"content": {"application/octet-stream": {"schema": {"type": "string"}}}},
+        **SESSION_PROBLEMS,
+    },
     response_class=Response,
 )
-def download(svc: Svc, who: Caller, session_id: str, path: str) -> Response:
+def download(
+    svc: Svc, who: Caller, session_id: str, path: Annotated[str, Path(**WORKSPACE_PATH)]
+) -> Response:
     content = svc.sessions.get_file(who, session_id, path)
     return Response(
         content,
@@ -161,7 +200,11 @@ def download(svc: Svc, who: Caller, session_id: str, path: str) -> Response:
     )
 
 
-@router.post("/sessions/{session_id}/ports/{port}/url", response_model=PreviewUrlOut)
+@router.post(
+    "/sessions/{session_id}/ports/{port}/url",
+    response_model=PreviewUrlOut,
+    responses=SESSION_PROBLEMS,
+)
 def preview_url(
     svc: Svc, who: Caller, session_id: str, port: Annotated[int, Path(ge=1, le=65535)]
 ) -> PreviewUrlOut:

@@ -1,5 +1,6 @@
 """Input files and output artifacts: upload, read, and signed download URLs."""
 
+import errno
 import hashlib
 import hmac
 import time
@@ -10,6 +11,7 @@ from sandcell.domain.errors import (
     InvalidRequest,
     NotFound,
     QuotaExceeded,
+    StorageFull,
     Unauthorized,
 )
 from sandcell.domain.ids import new_id
@@ -48,7 +50,12 @@ class FileService:
         check_file_name(name)
         if quota_bytes is not None and self.store.storage_bytes(tenant_id) >= quota_bytes:
             raise QuotaExceeded("storage quota used up: delete files or retire jobs", 60)
-        sha256, size = self.blobs.put(content, self.max_file_bytes)
+        try:
+            sha256, size = self.blobs.put(content, self.max_file_bytes)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StorageFull("the file store is full; try again later") from exc
+            raise
         stored = StoredFile(
             new_id("file"), tenant_id, check_file_name(name), size, sha256, time.time()
         )
