@@ -96,6 +96,9 @@ class FakeEgress:
         self.root = root
         self.sessions: list[FakeEgressSession] = []
 
+    def reap(self) -> list[str]:
+        return []
+
     def open(
         self, session_id: str, allow: list[str], secrets: list[SecretBinding], image_ca: Path
     ) -> FakeEgressSession:

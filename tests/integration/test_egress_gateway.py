@@ -157,3 +157,12 @@ def test_an_invalid_policy_fails_and_leaves_nothing(
     with pytest.raises(EgressConfigError):
         egress.open("job-bad-1", ["*"], [], image_ca)
     assert not (tmp_path / "egress" / "job-bad-1").exists()
+
+
+def test_reap_removes_what_a_crashed_worker_left(egress: ProxyEgress, image_ca: Path) -> None:
+    session = egress.open("job-crash-1", ["allowed.test"], [], image_ca)
+    leftover = session.attachment.socket_dir.parent
+    assert leftover.is_dir()
+    reaped = egress.reap()  # as a restarted worker would, before serving anything
+    assert reaped == [f"egress {leftover.name}"] and not leftover.exists()
+    session.close()

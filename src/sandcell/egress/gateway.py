@@ -124,6 +124,16 @@ class ProxyEgress:
             raise
         return session
 
+    def reap(self) -> list[str]:
+        """Remove proxy directories a crashed run of this worker left (none is served now)."""
+        if not self.state_dir.is_dir():
+            return []
+        removed = []
+        for leftover in sorted(self.state_dir.iterdir()):
+            shutil.rmtree(leftover, ignore_errors=True)
+            removed.append(f"egress {leftover.name}")
+        return removed
+
     def _session_dir(self, session_id: str) -> Path:
         if not SESSION_ID.match(session_id):
             raise ValueError(f"invalid egress session id {session_id!r}")

@@ -48,3 +48,6 @@ class Egress(Protocol):
     def open(
         self, session_id: str, allow: list[str], secrets: list[SecretBinding], image_ca: Path
     ) -> EgressSession: ...
+
+    def reap(self) -> list[str]:
+        """At start-up: remove what an earlier, crashed run left behind."""

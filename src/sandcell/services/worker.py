@@ -106,6 +106,7 @@ class Worker:
         """Claim and run jobs until `stop` is set; then let running jobs finish."""
         reaped = self.runtime.reap()
         reaped += self.channels.reap() if self.channels is not None else []
+        reaped += self.egress.reap() if self.egress is not None else []
         if reaped:
             log.warning("removed leftovers of an earlier run: %s", reaped)
         info = WorkerInfo(
