@@ -1,14 +1,35 @@
 """The SDK against the real app in-process (the TestClient's transport)."""
 
+from typing import Any
+
+import httpx
 import pytest
 
 from sandcell_client import Client, InvalidRequest, NotFound
 from tests.conftest import Api
 
 
+class _ThroughTestClient(httpx.BaseTransport):
+    """httpx requests through the app's TestClient, which is built on httpx2 once that is
+    installed (the `mcp` SDK requires it), so its own transport no longer fits httpx.Client."""
+
+    def __init__(self, http: Any) -> None:
+        self._http = http
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        answer = self._http.request(
+            request.method,
+            str(request.url),
+            headers=list(request.headers.multi_items()),
+            content=request.read(),
+        )
+        headers = [(k, v) for k, v in answer.headers.multi_items() if k != "content-encoding"]
+        return httpx.Response(answer.status_code, headers=headers, content=answer.content)
+
+
 def _sdk(api: Api) -> Client:
     key = api.tenant("sdk")["Authorization"].split()[1]
-    return Client("http://testserver", key, transport=api.http._transport)
+    return Client("http://testserver", key, transport=_ThroughTestClient(api.http))
 
 
 def test_jobs_files_and_errors_through_the_sdk(api: Api) -> None:

@@ -50,6 +50,14 @@ def version() -> None:
 
 
 @app.command()
+def mcp() -> None:
+    """Serve MCP tools over stdio (SANDCELL_URL and SANDCELL_API_KEY from the environment)."""
+    from sandcell.mcp.server import serve as serve_mcp
+
+    serve_mcp()
+
+
+@app.command()
 def serve(
     port: Annotated[int | None, typer.Option(envvar="SANDCELL_PORT")] = None,
     host: Annotated[str | None, typer.Option(envvar="SANDCELL_HOST")] = None,
