@@ -228,3 +228,40 @@ def test_cli_run_submits_waits_prints_logs_and_downloads(server: Server, tmp_pat
     assert "total 6" in result.stdout
     [downloaded] = list((tmp_path / "out").rglob("total.txt"))
     assert downloaded.read_text() == "6"
+
+
+CSV_TO_CHART = """
+import pandas as pd, matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+df = pd.read_csv("/input/sales.csv")
+clean = df.dropna().groupby("day", as_index=False)["sales"].sum()
+clean.to_csv("/output/clean.csv", index=False)
+ax = clean.plot(x="day", y="sales")
+plt.savefig("/output/chart.png")
+print(len(df), len(clean))
+"""
+
+
+def test_the_csv_to_chart_example_runs_as_a_job_on_python_data(server: Server) -> None:
+    alice = server.tenant("csv-chart")
+    rows = "day,sales\n" + "".join(f"{d % 30},{d % 7}\n" for d in range(10_000)) + "31,\n"
+    with httpx.Client(base_url=server.url, headers=alice) as http:
+        stored = http.post("/v1/files", files={"file": ("sales.csv", rows.encode())}).json()
+    body = {
+        "image": "python-data",
+        "code": CSV_TO_CHART,
+        "inputs": [{"file_id": stored["id"], "path": "sales.csv"}],
+    }
+    job = run_job(server, alice, body, timeout=120)
+    assert job["state"] == "completed", job
+    outputs = {o["path"]: o for o in job["outputs"]}
+    assert set(outputs) == {"clean.csv", "chart.png"}
+    with httpx.Client(base_url=server.url, headers=alice) as http:
+        png = http.get(f"/v1/artifacts/{outputs['chart.png']['artifact_id']}/content").content
+        logs = http.get(f"/v1/jobs/{job['id']}/logs").json()["stdout"]
+    assert (
+        png[:8] == b"\x89PNG\r\n\x1a\n"
+        and hashlib.sha256(png).hexdigest() == outputs["chart.png"]["sha256"]
+    )
+    assert logs.split() == ["10001", "30"]
