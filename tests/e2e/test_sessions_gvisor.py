@@ -1,8 +1,12 @@
 """Sessions end to end: real server, real runsc, the python-data image, over HTTP."""
 
 import base64
+import json
 import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -163,3 +167,28 @@ def test_a_session_paused_by_a_server_restart_resumes_with_its_memory(
         assert _execute(http, sid, "x + 1")["result"] == "42"
         assert http.get(f"/v1/sessions/{sid}/files/kept.txt").content == b"kept"
         http.delete(f"/v1/sessions/{sid}")
+
+
+def test_the_session_cli_starts_executes_saves_a_chart_and_stops(
+    server: Server, tmp_path: Path
+) -> None:
+    key = server.tenant("ses-cli")["Authorization"].split()[1]
+    env = server.env() | {"SANDCELL_API_KEY": key}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "sandcell.cli.main", "session", *args]
+        return subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        )
+
+    started = cli("start")
+    assert started.returncode == 0, started.stderr
+    sid = started.stdout.strip()
+    assert cli("exec", sid, "x = 41").returncode == 0
+    assert cli("exec", sid, "x + 1").stdout.strip() == "42"
+    chart = cli("exec", sid, "import matplotlib.pyplot as plt; plt.plot([1, 3, 2]); plt.show()")
+    assert chart.returncode == 0, chart.stderr
+    assert (tmp_path / "image-0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    failed = cli("exec", sid, "1 / 0")
+    assert failed.returncode == 1 and "ZeroDivisionError" in failed.stderr
+    assert json.loads(cli("stop", sid).stdout)["state"] == "stopped"

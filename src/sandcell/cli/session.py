@@ -67,9 +67,11 @@ def execute(
 def _show(result: dict[str, Any], images: Path) -> None:
     sys.stdout.write(safe(result.get("stdout", "")))
     sys.stderr.write(safe(result.get("stderr", "")))
-    for index, item in enumerate(result.get("display", [])):
+    pngs = 0
+    for item in result.get("display", []):
         if item.get("mime") == "image/png":
-            path = images / f"display-{index}.png"
+            path = images / f"image-{pngs}.png"
+            pngs += 1
             path.write_bytes(base64.b64decode(item["data"]))
             err.print(f"[image/png saved to {path}]")
         elif item.get("mime") == "text/plain":
