@@ -504,6 +504,11 @@ class SqlStore:
             jobs.c.state == JobState.RUNNING.value,
         )
 
+    def _require_owner(self, conn: Connection, job_id: str, token: int) -> None:
+        """Every write a worker makes about a job first proves it still holds the lease."""
+        if conn.execute(select(jobs.c.id).where(self._owned(job_id, token))).first() is None:
+            raise StaleLease()
+
     def renew_lease(self, job_id: str, token: int, now: float, lease_s: float) -> bool:
         with self._tx() as conn:
             result = conn.execute(
@@ -532,8 +537,7 @@ class SqlStore:
 
     def append_log(self, job_id: str, token: int, stream: str, data: bytes) -> None:
         with self._tx() as conn:
-            if conn.execute(select(jobs.c.id).where(self._owned(job_id, token))).first() is None:
-                raise StaleLease()
+            self._require_owner(conn, job_id, token)
             last = conn.execute(
                 select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == job_id)
             ).scalar()
@@ -542,10 +546,8 @@ class SqlStore:
 
     def add_artifact(self, artifact: Artifact, token: int) -> None:
         with self._tx() as conn:
-            if conn.execute(select(jobs.c.id).where(self._owned(artifact.job_id, token))).first():
-                conn.execute(insert(artifacts).values(**asdict(artifact)))
-                return
-        raise StaleLease()
+            self._require_owner(conn, artifact.job_id, token)
+            conn.execute(insert(artifacts).values(**asdict(artifact)))
 
     def finish_job(self, job: Job, token: int) -> None:
         assert (job.state.is_terminal and job.reason is not None) or job.state is JobState.COMPLETED
@@ -733,8 +735,7 @@ class SqlStore:
         self, job_id: str, token: int, name: str, files: list[dict[str, Any]], at: float
     ) -> None:
         with self._tx() as conn:
-            if conn.execute(select(jobs.c.id).where(self._owned(job_id, token))).first() is None:
-                raise StaleLease()
+            self._require_owner(conn, job_id, token)
             key = and_(job_stages.c.job_id == job_id, job_stages.c.name == name)
             if conn.execute(select(job_stages.c.name).where(key)).first() is not None:
                 raise Conflict(f"stage {name!r} is already committed")
@@ -747,8 +748,7 @@ class SqlStore:
     def record_once(self, job_id: str, token: int, key: str, at: float) -> bool:
         """True if `key` is new (run the block), False if an earlier attempt recorded it."""
         with self._tx() as conn:
-            if conn.execute(select(jobs.c.id).where(self._owned(job_id, token))).first() is None:
-                raise StaleLease()
+            self._require_owner(conn, job_id, token)
             where = and_(job_once.c.job_id == job_id, job_once.c.key == key)
             if conn.execute(select(job_once.c.key).where(where)).first() is not None:
                 return False
