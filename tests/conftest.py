@@ -66,7 +66,7 @@ def build_api(tmp_path: Path) -> Iterator[Api]:
     store = sqlite_store(tmp_path / "test.db")
     blobs = FilesystemBlobStore(tmp_path / "blobs")
     images = FakeImages("python")
-    policy = JobPolicy("python", Limits(), Limits(timeout_s=600, memory_mb=4096), 86400)
+    policy = JobPolicy("python", Limits(), Limits(timeout_s=600, memory_mb=4096))
     jobs = JobService(store, blobs, images, policy, EgressValidator())
     session_runtime = FakeSessionRuntime()
     host = LocalSessionHost(store, session_runtime, images, tmp_path / "sessions", "wrk_local")

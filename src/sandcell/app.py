@@ -2,7 +2,6 @@
 
 import os
 import secrets
-from pathlib import Path
 
 from fastapi import FastAPI
 from sqlalchemy import create_engine
@@ -87,7 +86,6 @@ def build_services(settings: Settings) -> Services:
         default_image=settings.default_image,
         default_limits=settings.default_limits,
         max_limits=settings.max_limits,
-        idempotency_ttl_s=settings.idempotency_ttl_s,
         quotas=settings.quotas,
     )
     jobs = JobService(store, blobs, images, policy, network_validator(settings))
@@ -177,7 +175,9 @@ def build_worker(settings: Settings, url: str | None = None) -> Worker:
     egress = build_egress(settings)
     secrets_service = SecretService(store, secret_cipher(settings))
     sessions = (
-        build_session_host(settings, store, images, config.worker_id, egress) if url else None
+        build_session_host(settings, store, images, config.worker_id, egress, secrets_service)
+        if url
+        else None
     )
     channels = SocketGuestChannels(settings.data_dir / "channels")
     return Worker(
@@ -191,12 +191,12 @@ def build_session_host(
     images: FilesystemImageCatalog,
     worker_id: str,
     egress: Egress | None,
+    secrets_service: SecretService,
 ) -> LocalSessionHost:
     runtime = GVisorSessionRuntime(settings.data_dir / "session-sandboxes")
     runtime.check()  # fail closed, as for jobs
     # Sandboxes of a crashed predecessor; paused sessions live in state_root and are kept.
     runtime.reap()
-    secrets_service = SecretService(store, secret_cipher(settings))
     state_root = settings.data_dir / "sessions"
     return LocalSessionHost(store, runtime, images, state_root, worker_id, egress, secrets_service)
 
@@ -205,7 +205,3 @@ def build_internal_app(settings: Settings, worker: Worker) -> FastAPI:
     """The worker's internal endpoint, through which API replicas drive its sessions."""
     assert isinstance(worker.sessions, LocalSessionHost)
     return create_internal_app(worker.sessions, worker.store, internal_token(settings))
-
-
-def data_path(settings: Settings, *parts: str) -> Path:
-    return settings.data_dir.joinpath(*parts)

@@ -48,7 +48,6 @@ class JobPolicy:
     default_image: str
     default_limits: Limits
     max_limits: Limits
-    idempotency_ttl_s: float
     quotas: Quotas = field(default_factory=Quotas)
 
     def quotas_for(self, tenant: Tenant) -> Quotas:
