@@ -12,8 +12,7 @@ from sandcell.api.deps import Services
 from sandcell.api.metrics import registry_for
 from sandcell.api.requests import RequestLog
 from sandcell.api.schemas import HealthOut, ReadyOut
-
-WORKER_STALE_S = 10.0
+from sandcell.domain.records import LIVE_WORKER_S
 
 
 def create_app(
@@ -64,7 +63,7 @@ def create_app(
 
 def _a_live_worker(services: Services) -> None:
     """The API never touches the runtime; a worker that checked it recently stands for it."""
-    if not services.store.live_workers(time.time() - WORKER_STALE_S):
+    if not services.store.live_workers(time.time() - LIVE_WORKER_S):
         raise LookupError("no worker has reported in")
 
 

@@ -11,10 +11,10 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from sandcell.domain.records import LIVE_WORKER_S
 from sandcell.ports.store import Store
 
 BOUNDS_S = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600]
-LIVE_WORKER_S = 10.0
 
 
 class StoreCollector(Collector):

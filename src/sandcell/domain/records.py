@@ -106,6 +106,10 @@ class LogChunk:
     data: bytes
 
 
+# A worker seen this recently counts as live: it reports in every second.
+LIVE_WORKER_S = 10.0
+
+
 @dataclass(frozen=True)
 class WorkerInfo:
     id: str

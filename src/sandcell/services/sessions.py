@@ -18,7 +18,7 @@ from sandcell.domain.errors import (
     Unauthorized,
 )
 from sandcell.domain.ids import new_id
-from sandcell.domain.records import Tenant, WorkerInfo
+from sandcell.domain.records import LIVE_WORKER_S, Tenant, WorkerInfo
 from sandcell.domain.sessions import Session, SessionState
 from sandcell.ports.session_hosts import HttpReply, SessionHost, SessionHosts, StreamItem
 from sandcell.ports.sessions import CellResult
@@ -27,8 +27,6 @@ from sandcell.services.audit import AuditLog
 from sandcell.services.auth import Principal
 from sandcell.services.jobs import JobPolicy
 from sandcell.services.validation import RequestValidator
-
-LIVE_WORKER_S = 10.0
 
 
 @dataclass(frozen=True)
