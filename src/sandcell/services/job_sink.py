@@ -31,14 +31,21 @@ class JobSink:
         self.patience_s = patience_s
         self.started_at: float | None = None
         self.skipped_outputs = 0
+        self._staged_files: set[tuple[str, str]] | None = None
         self._lock = threading.Lock()
         self._pending: list[tuple[str, bytearray]] = []
         self._pending_bytes = 0
         self._flushed_at = time.monotonic()
 
     def _staged(self) -> set[tuple[str, str]]:
-        stages = self._patiently(lambda: self.store.job_stages(self.job.id))
-        return {(str(f["path"]), str(f["sha256"])) for stage in stages for f in stage["files"]}
+        # /output is collected after the program exited, so every stage is committed by the
+        # first call: read them once, not once per output file.
+        if self._staged_files is None:
+            stages = self._patiently(lambda: self.store.job_stages(self.job.id))
+            self._staged_files = {
+                (str(f["path"]), str(f["sha256"])) for stage in stages for f in stage["files"]
+            }
+        return self._staged_files
 
     def ready(self) -> None:
         at = self.started_at = time.time()
