@@ -3,8 +3,9 @@
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
@@ -13,6 +14,7 @@ from rich.table import Table
 from sandcell_client import ApiError, Client
 
 client_app = typer.Typer(no_args_is_help=True, help="List, inspect, cancel and retire jobs.")
+T = TypeVar("T")
 console = Console()
 err = Console(stderr=True)
 # Guest output may carry escape sequences; a terminal must never interpret them.
@@ -37,6 +39,14 @@ def _client(url: str, key: str) -> Client:
 def _fail(exc: ApiError) -> typer.Exit:
     err.print(f"[red]error:[/red] {safe(str(exc))}")
     return typer.Exit(1)
+
+
+def call(action: Callable[[], T]) -> T:
+    """Run one API call; a problem answer becomes a clear line and exit status 1."""
+    try:
+        return action()
+    except ApiError as exc:
+        raise _fail(exc) from exc
 
 
 def run_command(
@@ -124,10 +134,7 @@ def jobs_list(
     as_json: AsJson = False,
 ) -> None:
     """List your jobs, newest first."""
-    try:
-        page = _client(url, key).jobs(state=state)
-    except ApiError as exc:
-        raise _fail(exc) from exc
+    page = call(lambda: _client(url, key).jobs(state=state))
     if as_json:
         _emit(page, True)
         return
@@ -142,10 +149,7 @@ def jobs_list(
 @client_app.command("show")
 def jobs_show(job_id: str, url: Url = "http://127.0.0.1:8080", key: Key = "") -> None:
     """Show one job record."""
-    try:
-        _emit(_client(url, key).job(job_id), True)
-    except ApiError as exc:
-        raise _fail(exc) from exc
+    _emit(call(lambda: _client(url, key).job(job_id)), True)
 
 
 @client_app.command("logs")
@@ -172,16 +176,10 @@ def jobs_logs(
 @client_app.command("cancel")
 def jobs_cancel(job_id: str, url: Url = "http://127.0.0.1:8080", key: Key = "") -> None:
     """Cancel a job (it is cancelled once the sandbox is verified gone)."""
-    try:
-        _emit(_client(url, key).cancel(job_id), True)
-    except ApiError as exc:
-        raise _fail(exc) from exc
+    _emit(call(lambda: _client(url, key).cancel(job_id)), True)
 
 
 @client_app.command("retire")
 def jobs_retire(job_id: str, url: Url = "http://127.0.0.1:8080", key: Key = "") -> None:
     """Retire a finished job now and print the deletion report."""
-    try:
-        _emit(_client(url, key).retire(job_id), True)
-    except ApiError as exc:
-        raise _fail(exc) from exc
+    _emit(call(lambda: _client(url, key).retire(job_id)), True)

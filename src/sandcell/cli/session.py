@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from sandcell.cli.client import AsJson, Key, Url, _client, _emit, _fail, err, safe
-from sandcell_client import ApiError, Client
+from sandcell.cli.client import AsJson, Key, Url, _client, _emit, call, err, safe
+from sandcell_client import Client
 from sandcell_client._client import Session
 
 session_app = typer.Typer(no_args_is_help=True, help="Stateful interpreter sessions.")
@@ -16,13 +16,6 @@ session_app = typer.Typer(no_args_is_help=True, help="Stateful interpreter sessi
 
 def _session(client: Client, session_id: str) -> Session:
     return Session(client, {"id": session_id})
-
-
-def _run(action: Any) -> Any:
-    try:
-        return action()
-    except ApiError as exc:
-        raise _fail(exc) from exc
 
 
 @session_app.command("start")
@@ -37,7 +30,7 @@ def start(
     body: dict[str, Any] = {"image": image} if image else {}
     if allow:
         body["network"] = {"allow": allow}
-    session = _run(lambda: _client(url, key).session(**body))
+    session = call(lambda: _client(url, key).session(**body))
     _emit(session.data, True) if as_json else print(session.id)
 
 
@@ -55,7 +48,7 @@ def execute(
     """Run one cell and show its output; PNG displays are saved as files."""
     source = file.read_text() if file else (sys.stdin.read() if code in (None, "-") else code)
     session = _session(_client(url, key), session_id)
-    result = _run(lambda: session.execute(source or "", timeout))
+    result = call(lambda: session.execute(source or "", timeout))
     if as_json:
         _emit(result, True)
         return
@@ -88,19 +81,19 @@ def _show(result: dict[str, Any], images: Path) -> None:
 @session_app.command("pause")
 def pause(session_id: str, url: Url = "http://127.0.0.1:8080", key: Key = "") -> None:
     """Pause: keep the workspace and, with gVisor, process memory."""
-    _emit(_run(lambda: _session(_client(url, key), session_id).pause()), True)
+    _emit(call(lambda: _session(_client(url, key), session_id).pause()), True)
 
 
 @session_app.command("resume")
 def resume(session_id: str, url: Url = "http://127.0.0.1:8080", key: Key = "") -> None:
     """Resume a paused session."""
-    _emit(_run(lambda: _session(_client(url, key), session_id).resume()), True)
+    _emit(call(lambda: _session(_client(url, key), session_id).resume()), True)
 
 
 @session_app.command("stop")
 def stop(session_id: str, url: Url = "http://127.0.0.1:8080", key: Key = "") -> None:
     """Stop a session and release its sandbox."""
-    _emit(_run(lambda: _session(_client(url, key), session_id).stop()), True)
+    _emit(call(lambda: _session(_client(url, key), session_id).stop()), True)
 
 
 @session_app.command("upload")
@@ -113,7 +106,7 @@ def upload(
 ) -> None:
     """Copy a local file to /workspace/REMOTE."""
     _emit(
-        _run(lambda: _session(_client(url, key), session_id).upload(remote, local.read_bytes())),
+        call(lambda: _session(_client(url, key), session_id).upload(remote, local.read_bytes())),
         True,
     )
 
@@ -123,5 +116,5 @@ def download(
     session_id: str, remote: str, local: Path, url: Url = "http://127.0.0.1:8080", key: Key = ""
 ) -> None:
     """Copy /workspace/REMOTE to a local file."""
-    local.write_bytes(_run(lambda: _session(_client(url, key), session_id).download(remote)))
+    local.write_bytes(call(lambda: _session(_client(url, key), session_id).download(remote)))
     err.print(f"saved {local}")
