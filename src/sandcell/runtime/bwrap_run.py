@@ -27,20 +27,18 @@ import subprocess
 import threading
 import time
 
-from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime.bundle import NOFILE, check_env, ready_wrapper
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
 from sandcell.runtime.guest_mounts import guest_binds
-from sandcell.runtime.outputs import collect_outputs
-from sandcell.runtime.scratch import GUEST_UID, Scratch, ScratchError
+from sandcell.runtime.one_shot import EXIT_WAIT_S, OneShotRun
+from sandcell.runtime.scratch import GUEST_UID, Scratch
 from sandcell.runtime.streams import Streams
 
 TICK_S = 0.02  # how often limits and `cancel` are looked at
 START_TIMEOUT_S = 30.0
-EXIT_WAIT_S = 5.0
 # Tasks of bwrap itself in the cgroup: the outer process and the sandbox's pid 1 (which reaps
 # orphans, so that the program is never pid 1 with its odd signal rules).
 BWRAP_TASKS = 2
@@ -145,7 +143,7 @@ def _status_head(path: str) -> bytes:
         os.close(fd)
 
 
-class BwrapRun:
+class BwrapRun(OneShotRun):
     def __init__(
         self,
         spec: SandboxSpec,
@@ -167,32 +165,6 @@ class BwrapRun:
         self.kill_reason: Reason | None = None
         self.launched_at = 0.0
         self.usage: dict[str, float] = {}
-
-    def execute(self) -> SandboxResult:
-        started = time.monotonic()
-        try:
-            result = self._run()
-        finally:
-            problems = self._release()
-        result.released = not problems
-        if problems:
-            result.detail = "; ".join([result.detail, "not released: " + ", ".join(problems)])
-        result.usage = self.usage | {"wall_s": round(time.monotonic() - started, 3)}
-        if self.streams is not None and self.streams.error is not None:
-            raise self.streams.error  # the sink's own failure is the caller's to handle
-        return result
-
-    def _run(self) -> SandboxResult:
-        try:
-            self._prepare()
-            streams = self._launch()
-        except (OSError, ScratchError, ValueError, RuntimeUnavailable) as exc:
-            return SandboxResult(None, Reason.RUNTIME_ERROR, f"cannot start the sandbox: {exc}")
-        self._watch(streams)
-        exit_code = self._wait_exit(streams)
-        result = self._decide(streams, exit_code)
-        self._collect(streams)
-        return result
 
     def _prepare(self) -> None:
         check_env(self.spec.env)
@@ -271,23 +243,6 @@ class BwrapRun:
                 self.proc.wait(EXIT_WAIT_S)
         return self.cgroup.kill_all()
 
-    def _wait_exit(self, streams: Streams) -> int:
-        assert self.proc is not None
-        try:
-            self.proc.wait(EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self._kill()
-            self.proc.wait(EXIT_WAIT_S)
-        if not streams.join(EXIT_WAIT_S):  # a process of the sandbox still holds a pipe open
-            self._kill()
-            streams.join(EXIT_WAIT_S)
-        self.usage.update(self.cgroup.usage())
-        self.usage["output_bytes"] = streams.budget.used
-        if streams.ready_at is not None:
-            self.usage["start_s"] = round(streams.ready_at - self.launched_at, 3)
-        code = self.proc.returncode
-        return 128 - code if code < 0 else code  # bwrap killed by signal n: 128+n
-
     def _decide(self, streams: Streams, exit_code: int) -> SandboxResult:
         if self.kill_reason is not None:
             return SandboxResult(None, self.kill_reason, self._describe(self.kill_reason))
@@ -321,13 +276,8 @@ class BwrapRun:
             Reason.INTERNAL: f"the output sink failed: {self.streams.error!r}",
         }.get(reason, f"the sandbox did not start within {START_TIMEOUT_S:g} s")
 
-    def _collect(self, streams: Streams) -> None:
-        if streams.error is not None or not self.scratch.is_mounted():
-            return
-        collected = collect_outputs(self.scratch.output, self.sink)
-        self.usage["output_files"] = collected.files
-        self.usage["skipped_outputs"] = collected.skipped
-        self.usage["disk_bytes"] = self.scratch.used_bytes()
+    def _force_kill(self) -> None:
+        self._kill()
 
     def _release(self) -> list[str]:
         """Remove everything of this sandbox from the host; return what is still there."""

@@ -21,7 +21,6 @@ import threading
 import time
 from pathlib import Path
 
-from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
@@ -35,15 +34,14 @@ from sandcell.runtime.bundle import (
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
 from sandcell.runtime.guest_mounts import needs_host_sockets, oci_guest_mounts
 from sandcell.runtime.network import BRIDGE_MEMORY_MB, BRIDGE_TASKS
-from sandcell.runtime.outputs import collect_outputs
+from sandcell.runtime.one_shot import EXIT_WAIT_S, OneShotRun
 from sandcell.runtime.reap import wait_until_gone
 from sandcell.runtime.runsc import Runsc, RunscError
-from sandcell.runtime.scratch import GUEST_UID, Scratch, ScratchError
+from sandcell.runtime.scratch import GUEST_UID, Scratch
 from sandcell.runtime.streams import Streams
 
 TICK_S = 0.02  # how often limits and `cancel` are looked at
 START_TIMEOUT_S = 30.0  # runsc boot, before the program's own clock starts
-EXIT_WAIT_S = 5.0
 PIDS_CONFIRM_FIRST_S, PIDS_CONFIRM_MAX_S = 0.125, 4.0  # `runsc events` costs ~60 ms of CPU
 BOOT_CPUS = 1.0
 # Host processes of a sandbox that are not guest address spaces: the runsc CLI, the gofer,
@@ -78,7 +76,7 @@ def boot_cpus(limits: Limits) -> float:
     return max(limits.cpu, BOOT_CPUS)
 
 
-class SandboxRun:
+class SandboxRun(OneShotRun):
     def __init__(
         self,
         spec: SandboxSpec,
@@ -104,32 +102,6 @@ class SandboxRun:
         self.cpu_applied = False
         self.detail = ""
         self.usage: dict[str, float] = {}
-
-    def execute(self) -> SandboxResult:
-        started = time.monotonic()
-        try:
-            result = self._run()
-        finally:
-            problems = self._release()
-        result.released = not problems
-        if problems:
-            result.detail = "; ".join([result.detail, "not released: " + ", ".join(problems)])
-        result.usage = self.usage | {"wall_s": round(time.monotonic() - started, 3)}
-        if self.streams is not None and self.streams.error is not None:
-            raise self.streams.error  # the sink's own failure is the caller's to handle
-        return result
-
-    def _run(self) -> SandboxResult:
-        try:
-            self._prepare()
-            streams = self._launch()
-        except (OSError, ScratchError, ValueError, RuntimeUnavailable) as exc:
-            return SandboxResult(None, Reason.RUNTIME_ERROR, f"cannot start the sandbox: {exc}")
-        self._watch(streams)
-        exit_code = self._wait_exit(streams)
-        result = self._decide(streams, exit_code)
-        self._collect(streams)
-        return result
 
     def _prepare(self) -> None:
         spec = self.spec
@@ -236,23 +208,6 @@ class SandboxRun:
             pass  # the cgroup sweep below does not depend on runsc cooperating
         self.cgroup.kill_all()
 
-    def _wait_exit(self, streams: Streams) -> int:
-        assert self.proc is not None
-        try:
-            self.proc.wait(EXIT_WAIT_S)
-        except subprocess.TimeoutExpired:
-            self.cgroup.kill_all()
-            self.proc.wait(EXIT_WAIT_S)
-        if not streams.join(EXIT_WAIT_S):  # something of ours still holds a pipe open
-            self.cgroup.kill_all()
-            streams.join(EXIT_WAIT_S)
-        self.usage.update(self.cgroup.usage())
-        self.usage["output_bytes"] = streams.budget.used
-        if streams.ready_at is not None:
-            self.usage["start_s"] = round(streams.ready_at - self.launched_at, 3)
-        code = self.proc.returncode
-        return 128 - code if code < 0 else code  # runsc killed by signal n: 128+n
-
     def _decide(self, streams: Streams, exit_code: int) -> SandboxResult:
         limits = self.limits
         if self.kill_reason is not None:
@@ -297,13 +252,8 @@ class SandboxRun:
         log = _tail(self.scratch.log, 1000)
         return f"runsc failed to start the sandbox (exit {exit_code}): {said} | runsc log: {log}"
 
-    def _collect(self, streams: Streams) -> None:
-        if streams.error is not None or not self.scratch.is_mounted():
-            return
-        collected = collect_outputs(self.scratch.output, self.sink)
-        self.usage["output_files"] = collected.files
-        self.usage["skipped_outputs"] = collected.skipped
-        self.usage["disk_bytes"] = self.scratch.used_bytes()
+    def _force_kill(self) -> None:
+        self.cgroup.kill_all()
 
     def _release(self) -> list[str]:
         """Remove everything of this sandbox from the host; return what is still there."""

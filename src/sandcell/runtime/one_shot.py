@@ -1,0 +1,101 @@
+"""What every one-shot sandbox run shares, whatever isolates it (runsc or bwrap).
+
+The steps are the same: prepare, launch, watch the limits, wait for the exit, decide the
+reason, collect /output, release and verify. Subclasses supply the runtime-specific steps.
+"""
+
+import subprocess
+import time
+from abc import ABC, abstractmethod
+
+from sandcell.domain.errors import RuntimeUnavailable
+from sandcell.domain.states import Reason
+from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
+from sandcell.runtime.cgroups import SandboxCgroup
+from sandcell.runtime.outputs import collect_outputs
+from sandcell.runtime.scratch import Scratch, ScratchError
+from sandcell.runtime.streams import Streams
+
+EXIT_WAIT_S = 5.0
+
+
+class OneShotRun(ABC):
+    spec: SandboxSpec
+    sink: SandboxSink
+    scratch: Scratch
+    cgroup: SandboxCgroup
+    proc: subprocess.Popen[bytes] | None
+    streams: Streams | None
+    launched_at: float
+    usage: dict[str, float]
+
+    def execute(self) -> SandboxResult:
+        started = time.monotonic()
+        try:
+            result = self._run()
+        finally:
+            problems = self._release()
+        result.released = not problems
+        if problems:
+            result.detail = "; ".join([result.detail, "not released: " + ", ".join(problems)])
+        result.usage = self.usage | {"wall_s": round(time.monotonic() - started, 3)}
+        if self.streams is not None and self.streams.error is not None:
+            raise self.streams.error  # the sink's own failure is the caller's to handle
+        return result
+
+    def _run(self) -> SandboxResult:
+        try:
+            self._prepare()
+            streams = self._launch()
+        except (OSError, ScratchError, ValueError, RuntimeUnavailable) as exc:
+            return SandboxResult(None, Reason.RUNTIME_ERROR, f"cannot start the sandbox: {exc}")
+        self._watch(streams)
+        exit_code = self._wait_exit(streams)
+        result = self._decide(streams, exit_code)
+        self._collect(streams)
+        return result
+
+    def _wait_exit(self, streams: Streams) -> int:
+        assert self.proc is not None
+        try:
+            self.proc.wait(EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            self._force_kill()
+            self.proc.wait(EXIT_WAIT_S)
+        if not streams.join(EXIT_WAIT_S):  # a process of the sandbox still holds a pipe open
+            self._force_kill()
+            streams.join(EXIT_WAIT_S)
+        self.usage.update(self.cgroup.usage())
+        self.usage["output_bytes"] = streams.budget.used
+        if streams.ready_at is not None:
+            self.usage["start_s"] = round(streams.ready_at - self.launched_at, 3)
+        code = self.proc.returncode
+        return 128 - code if code < 0 else code  # the launcher killed by signal n: 128+n
+
+    def _collect(self, streams: Streams) -> None:
+        if streams.error is not None or not self.scratch.is_mounted():
+            return
+        collected = collect_outputs(self.scratch.output, self.sink)
+        self.usage["output_files"] = collected.files
+        self.usage["skipped_outputs"] = collected.skipped
+        self.usage["disk_bytes"] = self.scratch.used_bytes()
+
+    @abstractmethod
+    def _prepare(self) -> None: ...
+
+    @abstractmethod
+    def _launch(self) -> Streams: ...
+
+    @abstractmethod
+    def _watch(self, streams: Streams) -> None: ...
+
+    @abstractmethod
+    def _decide(self, streams: Streams, exit_code: int) -> SandboxResult: ...
+
+    @abstractmethod
+    def _force_kill(self) -> None:
+        """Kill every process of the sandbox, now."""
+
+    @abstractmethod
+    def _release(self) -> list[str]:
+        """Remove everything of this sandbox from the host; return what is still there."""
