@@ -2,9 +2,11 @@
 
 import re
 import time
+from typing import Any
 
-from sandcell.domain.errors import FieldError, InvalidRequest, NotFound
+from sandcell.domain.errors import FieldError, InvalidRequest, NotFound, SandcellError
 from sandcell.domain.records import SecretInfo
+from sandcell.ports.egress import SecretBinding
 from sandcell.ports.secrets import SecretCipher
 from sandcell.ports.store import Store
 from sandcell.services.auth import Principal
@@ -38,7 +40,24 @@ class SecretService:
         if not self.store.delete_secret(who.tenant(), name):
             raise NotFound("no such secret")
 
+    def bindings(self, tenant_id: str, specs: list[dict[str, Any]]) -> list[SecretBinding]:
+        """A request's secret rules with their values, for the egress proxy only."""
+        names = [str(spec["name"]) for spec in specs]
+        values = self.values(tenant_id, names) if names else {}
+        return [SecretBinding(spec, values[str(spec["name"])]) for spec in specs]
+
     def values(self, tenant_id: str, names: list[str]) -> dict[str, str]:
         """Plaintext values, for the worker to hand to the proxy; never logged or stored."""
         found = self.store.secret_ciphertexts(tenant_id, names)
         return {name: self.cipher.decrypt(blob).decode() for name, blob in found.items()}
+
+
+def secret_bindings(
+    service: SecretService | None, tenant_id: str, specs: list[dict[str, Any]]
+) -> list[SecretBinding]:
+    """Bindings for the proxy; fail closed when secrets are asked for but cannot be read."""
+    if not specs:
+        return []
+    if service is None:
+        raise SandcellError("this worker cannot read secrets")
+    return service.bindings(tenant_id, specs)

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from sandcell.domain.errors import Conflict, SandcellError, SessionUnavailable
+from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.sessions import Session, SessionState
-from sandcell.ports.egress import Egress, EgressSession, SecretBinding
+from sandcell.ports.egress import Egress, EgressSession
 from sandcell.ports.images import ImageCatalog
 from sandcell.ports.session_hosts import HttpReply, StreamItem
 from sandcell.ports.sessions import (
@@ -25,7 +26,7 @@ from sandcell.ports.sessions import (
 )
 from sandcell.ports.store import Store
 from sandcell.services import workspace_files
-from sandcell.services.secrets import SecretService
+from sandcell.services.secrets import SecretService, secret_bindings
 from sandcell.services.worker import BASE_ENV, image_ca_bundle
 
 log = logging.getLogger("sandcell.sessions")
@@ -69,9 +70,10 @@ class LocalSessionHost:
         self._launch(session, resume=True)
 
     def _launch(self, session: Session, resume: bool) -> None:
-        egress = self._egress_for(session)
+        image = self.images.get(session.spec["image"])
+        egress = self._egress_for(session, image)
         try:
-            spec = self._spec(session, egress)
+            spec = self._spec(session, image, egress)
             sandbox = self.runtime.resume(spec) if resume else self.runtime.start(spec)
         except Exception as exc:
             if egress is not None:
@@ -95,8 +97,7 @@ class LocalSessionHost:
             paused_at=None,
         )
 
-    def _spec(self, session: Session, egress: EgressSession | None) -> SessionSpec:
-        image = self.images.get(session.spec["image"])
+    def _spec(self, session: Session, image: Image, egress: EgressSession | None) -> SessionSpec:
         env = BASE_ENV | {"SANDCELL_SESSION_ID": session.id} | session.spec.get("env", {})
         state_dir = self.state_root / session.id
         state_dir.mkdir(parents=True, exist_ok=True)
@@ -109,17 +110,14 @@ class LocalSessionHost:
             egress=egress.attachment if egress else None,
         )
 
-    def _egress_for(self, session: Session) -> EgressSession | None:
+    def _egress_for(self, session: Session, image: Image) -> EgressSession | None:
         allow = list(session.spec.get("network", {}).get("allow", []))
         if not allow:
             return None
         if self.egress is None:
             raise Conflict("this worker has no egress proxy")
         specs = session.spec.get("secrets", [])
-        names = [str(spec["name"]) for spec in specs]
-        values = self.secrets.values(session.tenant_id, names) if self.secrets and names else {}
-        bindings = [SecretBinding(spec, values[str(spec["name"])]) for spec in specs]
-        image = self.images.get(session.spec["image"])
+        bindings = secret_bindings(self.secrets, session.tenant_id, specs)
         return self.egress.open(session.id, allow, bindings, image_ca_bundle(image))
 
     def pause(self, session_id: str) -> bool:

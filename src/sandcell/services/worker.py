@@ -30,7 +30,7 @@ from sandcell.domain.records import Job, WorkerInfo
 from sandcell.domain.redaction import REDACTOR
 from sandcell.domain.states import JobState, Reason
 from sandcell.ports.artifacts import BlobStore
-from sandcell.ports.egress import Egress, EgressSession, SecretBinding
+from sandcell.ports.egress import Egress, EgressSession
 from sandcell.ports.images import ImageCatalog
 from sandcell.ports.runtime import (
     GuestChannelHandle,
@@ -44,7 +44,7 @@ from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.ports.store import Store
 from sandcell.services.job_sink import JobSink
 from sandcell.services.patience import next_delay, patiently
-from sandcell.services.secrets import SecretService
+from sandcell.services.secrets import SecretService, secret_bindings
 from sandcell.services.stages import StageRecorder, restored_outputs
 
 log = logging.getLogger("sandcell.worker")
@@ -300,18 +300,16 @@ class Worker:
         if not allow or self.egress is None:
             yield None
             return
-        names = [str(spec["name"]) for spec in job.spec.secrets]
-        values = self.secrets.values(job.tenant_id, names) if self.secrets and names else {}
-        for name, value in values.items():
-            REDACTOR.add(value, name)
-        bindings = [SecretBinding(spec, values[str(spec["name"])]) for spec in job.spec.secrets]
+        bindings = secret_bindings(self.secrets, job.tenant_id, job.spec.secrets)
+        for binding in bindings:
+            REDACTOR.add(binding.value, str(binding.spec["name"]))
         session = self.egress.open(f"{job.id}-{token}", allow, bindings, image_ca_bundle(image))
         try:
             yield session
         finally:
             session.close()
-            for value in values.values():
-                REDACTOR.discard(value)
+            for binding in bindings:
+                REDACTOR.discard(binding.value)
 
     def _stopped_by_shutdown(self, job: Job) -> bool:
         return self._shutdown.is_set() and not self.store.cancel_requested(job.id)
