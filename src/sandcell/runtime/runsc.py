@@ -42,15 +42,22 @@ class Runsc:
         return flags
 
     def run_argv(
-        self, bundle: Path, sandbox_id: str, log: Path, *, host_uds: bool = False
+        self,
+        bundle: Path,
+        sandbox_id: str,
+        log: Path,
+        *,
+        host_uds: bool = False,
+        extra: list[str] | None = None,
     ) -> list[str]:
         """Foreground `run`: its pipes close when the sandbox ends (a detached one never).
 
         `host_uds`: let the guest connect (only connect) to host unix sockets bind-mounted into
-        it; the egress proxy's socket is the only one a bundle ever mounts.
+        it; the egress proxy's socket is the only one a bundle ever mounts. `extra`: more
+        global flags (the fork watch's strace).
         """
         uds = ["--host-uds=open"] if host_uds else []
-        return [*self.flags(log), *uds, "run", f"--bundle={bundle}", sandbox_id]
+        return [*self.flags(log), *uds, *(extra or []), "run", f"--bundle={bundle}", sandbox_id]
 
     def version(self) -> str:
         out = self._call("--version")

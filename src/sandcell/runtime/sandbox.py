@@ -7,6 +7,8 @@ How each reason is told apart (first match wins):
   pids + 1 inside gVisor, plus the egress bridge's task when there is one, which every count
   below leaves out): the count of ptrace stubs on the host flags it, `runsc events` confirms it;
 - output_limit: output was cut even though the program had ended on its own meanwhile;
+- pids (refused fork): the sentry refused a fork with EAGAIN (RLIMIT_NPROC), seen in its strace
+  of the fork family (fork_watch.py); exact, even for a bomb that dies on its first refusal;
 - memory: the cgroup's `oom_kill` counter moved (the host OOM killer took the sentry);
 - pids (host backstop): the cgroup's `pids.events` max counter moved;
 - runtime_error: the ready line never came (runsc or the bundle failed);
@@ -32,6 +34,7 @@ from sandcell.runtime.bundle import (
     write_config,
 )
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
+from sandcell.runtime.fork_watch import ForkWatch
 from sandcell.runtime.guest_mounts import needs_host_sockets, oci_guest_mounts
 from sandcell.runtime.network import BRIDGE_MEMORY_MB, BRIDGE_TASKS
 from sandcell.runtime.one_shot import EXIT_WAIT_S, OneShotRun
@@ -94,6 +97,7 @@ class SandboxRun(OneShotRun):
         self.ours = BRIDGE_TASKS if spec.egress else 0  # guest tasks that are not the program's
         self.proc: subprocess.Popen[bytes] | None = None
         self.streams: Streams | None = None
+        self.forks = ForkWatch(scratch.root / "forks.fifo")
         self.kill_reason: Reason | None = None
         self.launched_at = 0.0
         self.guest_procs_peak = 0
@@ -121,7 +125,9 @@ class SandboxRun(OneShotRun):
             self.spec.sandbox_id,
             self.scratch.log,
             host_uds=needs_host_sockets(self.spec),
+            extra=self.forks.runsc_flags(),
         )
+        self.forks.start()
         argv = [*JOIN_CGROUPS, *map(str, self.cgroup.procs_files()), "--", *run]
         self.launched_at = time.monotonic()
         self.proc = subprocess.Popen(
@@ -155,6 +161,8 @@ class SandboxRun(OneShotRun):
             return Reason.INTERNAL
         if streams.budget.exceeded.is_set():
             return Reason.OUTPUT_LIMIT
+        if self.forks.refused:
+            return Reason.PIDS
         if self.cgroup.oom_kills():
             return Reason.MEMORY
         if self.cgroup.pids_limit_hits():
@@ -214,6 +222,8 @@ class SandboxRun(OneShotRun):
             return SandboxResult(None, self.kill_reason, self._describe(self.kill_reason))
         if streams.budget.exceeded.is_set():  # cut after the program had already ended
             return SandboxResult(None, Reason.OUTPUT_LIMIT, self._describe(Reason.OUTPUT_LIMIT))
+        if self.forks.stop():  # the sandbox has exited: every line it wrote is counted
+            return SandboxResult(exit_code, Reason.PIDS, self._describe(Reason.PIDS))
         if self.cgroup.oom_kills():
             return SandboxResult(None, Reason.MEMORY, self._describe(Reason.MEMORY))
         if self.cgroup.pids_limit_hits():
@@ -257,6 +267,7 @@ class SandboxRun(OneShotRun):
 
     def _release(self) -> list[str]:
         """Remove everything of this sandbox from the host; return what is still there."""
+        self.forks.stop()
         problems: list[str] = []
         for step in (self._stop_container, self._empty_cgroup, self.scratch.teardown):
             try:

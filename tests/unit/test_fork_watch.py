@@ -1,0 +1,39 @@
+"""The fork watch counts the sentry's refused forks, and nothing else, from its FIFO."""
+
+import os
+from pathlib import Path
+
+from sandcell.runtime.fork_watch import ForkWatch
+
+REFUSED = (
+    b"I1202 17:23:53.145475    5133 strace.go:611] [  10:  10] python3.11 X clone("
+    b"CLONE_CHILD_CLEARTID|CLONE_CHILD_SETTID|0x11, 0x0, 0x0, 0x7f7d1b56a310, 0x0)"
+    b" = 0 (0x0) errno=11 (try again) (601.347\xc2\xb5s)\n"
+)
+FORKED = b"I1202 17:23:53.1 strace.go:611] [   3:   3] python3.11 X clone(0x11) = 7 (0x7) (1ms)\n"
+ENTRY = b"I1202 17:23:53.1 strace.go:611] [   3:   3] python3.11 E clone(0x11)\n"
+# A process may name itself anything; its name alone is not a refused fork.
+NAMED = b"I1202 17:23:53.1 strace.go:611] [   4:   4] errno=11 ( X clone(0x11) = 5 (0x5) (1ms)\n"
+
+
+def test_counts_only_refused_forks_including_lines_split_across_writes(tmp_path: Path) -> None:
+    watch = ForkWatch(tmp_path / "forks.fifo")
+    watch.start()
+    writer = os.open(watch.fifo, os.O_WRONLY)
+    os.write(writer, ENTRY + FORKED + NAMED + REFUSED[:50])
+    os.write(writer, REFUSED[50:] + REFUSED)
+    os.close(writer)
+    assert watch.stop() == 2
+
+
+def test_no_lines_is_no_refusal_and_stop_is_idempotent(tmp_path: Path) -> None:
+    watch = ForkWatch(tmp_path / "forks.fifo")
+    watch.start()
+    assert watch.stop() == 0
+    assert watch.stop() == 0
+
+
+def test_flags_send_boot_strace_of_the_fork_family_to_the_fifo(tmp_path: Path) -> None:
+    flags = ForkWatch(tmp_path / "f").runsc_flags()
+    assert "--strace" in flags and "--strace-syscalls=clone,fork,vfork" in flags
+    assert f"--debug-log={tmp_path / 'f'}" in flags and "--debug-command=boot" in flags
