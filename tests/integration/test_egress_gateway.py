@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 
+from sandcell.domain.redaction import REDACTOR
 from sandcell.egress import EgressConfigError, ProxyEgress, StaticResolver
 from sandcell.ports.egress import GUEST_CA_BUNDLE, SOCKET_NAME, SecretBinding
 from tests.integration.egress_servers import EchoServer
@@ -166,3 +167,17 @@ def test_reap_removes_what_a_crashed_worker_left(egress: ProxyEgress, image_ca: 
     reaped = egress.reap()  # as a restarted worker would, before serving anything
     assert reaped == [f"egress {leftover.name}"] and not leftover.exists()
     session.close()
+
+
+def test_secret_values_are_masked_in_logs_while_any_session_using_them_is_open(
+    egress: ProxyEgress, image_ca: Path
+) -> None:
+    binding = SecretBinding(SECRET_SPEC, "tok-shared-4711")
+    line = "upstream said tok-shared-4711"
+    job = egress.open("job-mask", ["api.secret.test"], [binding], image_ca)
+    session = egress.open("ses-mask", ["api.secret.test"], [binding], image_ca)
+    assert REDACTOR(line) == "upstream said [redacted:crm]"
+    job.close()
+    assert REDACTOR(line) == "upstream said [redacted:crm]", "the session still uses it"
+    session.close()
+    assert REDACTOR(line) == line

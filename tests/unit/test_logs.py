@@ -37,3 +37,14 @@ def test_each_request_is_one_json_line_with_its_request_id(
     assert key.split("_", 2)[2] not in line
     bad = api.http.get("/v1/jobs", headers={"X-Request-Id": "bad id\n{}"})
     assert bad.headers["x-request-id"] != "bad id\n{}"
+
+
+def test_a_secret_stays_masked_until_its_last_user_discards_it() -> None:
+    redact = Redactor()
+    redact.add("shared-value", "a")
+    redact.add("shared-value", "b")
+    redact.discard("shared-value")
+    assert "shared-value" not in redact("x shared-value")
+    redact.discard("shared-value")
+    redact.discard("shared-value")  # one too many is harmless
+    assert redact("x shared-value") == "x shared-value"

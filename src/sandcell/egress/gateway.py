@@ -19,6 +19,7 @@ from pathlib import Path
 from secrets import token_hex
 from typing import Any
 
+from sandcell.domain.redaction import REDACTOR
 from sandcell.egress.audit import EgressEvent
 from sandcell.egress.config import EgressConfig, ProxyLimits
 from sandcell.egress.env import ca_bundle, sandbox_env
@@ -40,10 +41,15 @@ GUEST_PROXY_URL = f"http://127.0.0.1:{PROXY_PORT}"  # the bridge inside the sand
 
 
 class ProxySession:
-    """One job's proxy: its directory, its listener, and every event it produced."""
+    """One job's proxy: its directory, its listener, and every event it produced.
+
+    While it is open, its secret values are masked in everything sandcell logs or records,
+    whoever opened it (a job or a session).
+    """
 
     def __init__(self, directory: Path, config: EgressConfig, resolver: Resolver | None) -> None:
         self.directory = directory
+        self._secrets = [(rule.value, rule.name) for rule in config.secrets]
         socket_dir = directory / "sock"
         self.attachment = EgressAttachment(socket_dir, directory / "ca-bundle.pem")
         self._events: list[EgressEvent] = []
@@ -52,6 +58,8 @@ class ProxySession:
         self._created = self._closed = False
 
     def start(self, image_ca: bytes) -> None:
+        for value, name in self._secrets:
+            REDACTOR.add(value, name)
         self.directory.mkdir(mode=0o700)  # never shared: an existing one is another session's
         self._created = True
         socket_dir = self.attachment.socket_dir
@@ -79,6 +87,8 @@ class ProxySession:
         finally:
             if self._created:
                 shutil.rmtree(self.directory, ignore_errors=True)
+            for value, _ in self._secrets:
+                REDACTOR.discard(value)
 
     def _record(self, event: EgressEvent) -> None:
         with self._lock:
