@@ -191,4 +191,4 @@ def test_the_session_cli_starts_executes_saves_a_chart_and_stops(
     assert (tmp_path / "image-0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     failed = cli("exec", sid, "1 / 0")
     assert failed.returncode == 1 and "ZeroDivisionError" in failed.stderr
-    assert json.loads(cli("stop", sid).stdout)["state"] == "stopped"
+    assert json.loads(cli("stop", sid, "--json").stdout)["state"] == "stopped"

@@ -1,0 +1,470 @@
+"""The asynchronous client: `AsyncClient`, `client.sessions`, `AsyncSession` — the same API as
+`Client`, with the same requests and errors (built in `_base`/`_calls`); only the I/O differs."""
+
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any, TypeVar
+
+import anyio
+import httpx
+
+from sandcell_client import _calls as calls
+from sandcell_client._base import (
+    DEFAULT_TIMEOUT,
+    LONG_POLL_S,
+    NODELAY,
+    BaseClient,
+    Call,
+    Content,
+    Progress,
+    ServerEvent,
+    Sha256Writer,
+    SSEDecoder,
+    cell_event,
+    check,
+    content_length,
+    expected_sha256,
+    input_files,
+    job_body,
+    log_event,
+    new_idempotency_key,
+    opened,
+    raw_content,
+    safe_destination,
+    session_body,
+    verify,
+)
+from sandcell_client._exceptions import StreamError, TransportError, transport_error
+from sandcell_client._models import (
+    ApiKey,
+    Artifact,
+    Cell,
+    CellEvent,
+    DeletionReport,
+    FileEntry,
+    FileInfo,
+    FileWritten,
+    Job,
+    JobPage,
+    LogEvent,
+    Logs,
+    Output,
+    RunResult,
+    Secret,
+    SessionInfo,
+    SignedUrl,
+    Tenant,
+)
+
+T = TypeVar("T")
+LogHandler = Callable[[LogEvent], None]
+
+
+class AsyncClient(BaseClient):
+    """A sandcell API client for asyncio (or trio). `base_url` and `api_key` default to
+    SANDCELL_URL and SANDCELL_API_KEY; `transport` is any async httpx transport (e.g.
+    `httpx.ASGITransport` over the app in-process).
+
+    Network errors are retried when that is safe (the request never left, or the request is
+    idempotent: a job submit carries an Idempotency-Key, so a retry is the same job)."""
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = 3,
+        transport: httpx.AsyncBaseTransport | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        super().__init__(base_url, api_key, timeout, max_retries, headers)
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=self._headers,
+            timeout=timeout,
+            transport=transport or httpx.AsyncHTTPTransport(socket_options=NODELAY),
+        )
+        self.sessions = AsyncSessions(self)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    # I/O: the only part that differs from Client
+
+    async def _open(self, call: Call[Any], stream: bool = False) -> httpx.Response:
+        attempt = 0
+        while True:
+            attempt += 1
+            request = self._build(self._http, call)
+            try:
+                response = await self._http.send(request, stream=stream)
+            except httpx.TransportError as exc:
+                delay = self.retry.after_error(call, exc, attempt)
+                if delay is None:
+                    raise transport_error(exc) from exc
+                await anyio.sleep(delay)
+                continue
+            delay = self.retry.after_response(call, response, attempt)
+            if delay is None:
+                if stream and response.status_code >= 400:
+                    await response.aread()
+                return check(response)
+            await response.aclose()
+            await anyio.sleep(delay)
+
+    async def _send(self, call: Call[T]) -> T:
+        return call.parse(await self._open(call))
+
+    async def _events(self, call: Call[Any]) -> AsyncIterator[ServerEvent]:
+        response = await self._open(call, stream=True)
+        try:
+            decoder = SSEDecoder()
+            try:
+                async for line in response.aiter_lines():
+                    if (event := decoder.feed(line)) is not None:
+                        yield event
+            except httpx.TransportError as exc:
+                raise transport_error(exc) from exc
+        finally:
+            await response.aclose()
+
+    # files and jobs
+
+    async def upload(
+        self, name: str, content: Content, *, on_progress: Progress | None = None
+    ) -> FileInfo:
+        """Upload an input file (bytes, text, a path, or an open binary file)."""
+        with opened(content) as body:
+            return await self._send(calls.upload_file(name, body, on_progress))
+
+    async def file(self, file_id: str) -> FileInfo:
+        return await self._send(calls.get_file(file_id))
+
+    async def delete_file(self, file_id: str) -> None:
+        await self._send(calls.delete_file(file_id))
+
+    async def submit(self, body: dict[str, Any], idempotency_key: str | None = None) -> Job:
+        """Submit a job body as the API takes it. The Idempotency-Key defaults to a fresh one;
+        every retry of this call sends the same key, so it never makes a second job."""
+        return await self._send(calls.submit(body, idempotency_key or new_idempotency_key()))
+
+    async def run(
+        self,
+        code: str,
+        *,
+        files: Mapping[str, Content] | Sequence[Content] | None = None,
+        image: str | None = None,
+        allow: Sequence[str] | None = None,
+        secrets: Sequence[Mapping[str, Any]] | None = None,
+        env: Mapping[str, str] | None = None,
+        limits: Mapping[str, float] | None = None,
+        timeout_s: float | None = None,
+        memory_mb: int | None = None,
+        cpu: float | None = None,
+        retry: int | None = None,
+        idempotency_key: str | None = None,
+        on_log: LogHandler | None = None,
+        wait_timeout: float | None = None,
+    ) -> RunResult:
+        """Run `code` as a job and wait for it: upload `files` (to /input), submit, follow the
+        logs (`on_log` gets each chunk live), and return the record with stdout and stderr.
+        Download its outputs with `download`, `read` or `download_outputs`."""
+        inputs = [
+            {"file_id": (await self.upload(PurePosixPath(path).name, content)).id, "path": path}
+            for path, content in input_files(files).items()
+        ]
+        budget = {**(limits or {}), "timeout_s": timeout_s, "memory_mb": memory_mb, "cpu": cpu}
+        body = job_body(
+            code, inputs=inputs, image=image, allow=allow, secrets=secrets, env=env,
+            limits=budget, retry=retry,
+        )  # fmt: skip
+        job = await self.submit(body, idempotency_key)
+        if on_log is not None:
+            async for event in self.stream_logs(job.id):
+                if event.kind != "end":
+                    on_log(event)
+        job = await self.wait(job.id, timeout=wait_timeout)
+        logs = await self.logs(job.id)
+        return RunResult(job=job, stdout=logs.stdout, stderr=logs.stderr)
+
+    async def job(self, job_id: str, wait: float = 0) -> Job:
+        """The job record; with `wait` (≤ 60 s), answered as soon as the job ends."""
+        return await self._send(calls.get_job(job_id, wait))
+
+    async def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        """Long-poll until the job is terminal (or `timeout` passes: the record as it is)."""
+        deadline = time.monotonic() + timeout if timeout is not None else None
+        job = await self.job(job_id)
+        while not job.terminal:
+            left = LONG_POLL_S if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                break
+            job = await self.job(job_id, wait=max(1.0, min(LONG_POLL_S, left)))
+        return job
+
+    async def jobs(
+        self, state: str | None = None, cursor: str | None = None, limit: int = 50
+    ) -> JobPage:
+        return await self._send(calls.list_jobs(state, cursor, limit))
+
+    async def iter_jobs(self, state: str | None = None) -> AsyncIterator[Job]:
+        """Every job of this tenant, newest first, page by page."""
+        cursor = None
+        while True:
+            page = await self.jobs(state, cursor)
+            for job in page.items:
+                yield job
+            if not (cursor := page.next_cursor):
+                return
+
+    async def logs(self, job_id: str) -> Logs:
+        return await self._send(calls.job_logs(job_id))
+
+    async def stream_logs(self, job_id: str) -> AsyncIterator[LogEvent]:
+        """The job's output as it is printed, ending with an `end` event (state, reason).
+        A broken stream is reopened; chunks seen before are skipped by sequence number."""
+        seen, reconnects = -1, 0
+        while True:
+            try:
+                async for event in self._events(calls.log_stream(job_id)):
+                    item = log_event(event)
+                    if item.seq is not None and item.seq <= seen:
+                        continue
+                    seen = item.seq if item.seq is not None else seen
+                    yield item
+                    if item.kind == "end":
+                        return
+                raise StreamError(f"the log stream of {job_id} ended before its end event")
+            except (TransportError, StreamError):
+                reconnects += 1
+                if reconnects > self.retry.max_retries:
+                    raise
+                await anyio.sleep(self.retry.backoff(reconnects))
+
+    async def cancel(self, job_id: str) -> Job:
+        """Ask for cancellation (202); the job is `cancelled` once its sandbox is gone."""
+        return await self._send(calls.cancel(job_id))
+
+    async def retire(self, job_id: str) -> DeletionReport:
+        return await self._send(calls.retire(job_id))
+
+    # artifacts
+
+    async def artifact(self, artifact_id: str) -> Artifact:
+        return await self._send(calls.get_artifact(artifact_id))
+
+    async def read(self, artifact: str | Output) -> bytes:
+        """An artifact's bytes, checked against its recorded sha256."""
+        artifact_id, recorded = _ref(artifact)
+        response = await self._open(calls.artifact_content(artifact_id))
+        return verify(artifact_id, response.content, expected_sha256(response, recorded))
+
+    async def download(
+        self, artifact: str | Output, dest: str | Path, *, on_progress: Progress | None = None
+    ) -> Path:
+        """Stream an artifact to `dest`; the file appears only if its sha256 matches."""
+        artifact_id, recorded = _ref(artifact)
+        response = await self._open(calls.artifact_content(artifact_id), stream=True)
+        try:
+            expected = expected_sha256(response, recorded)
+            writer = Sha256Writer(Path(dest), expected, on_progress, content_length(response))
+            try:
+                async for chunk in response.aiter_bytes():
+                    writer.write(chunk)
+            except httpx.TransportError as exc:
+                writer.abort()
+                raise transport_error(exc) from exc
+            except BaseException:
+                writer.abort()
+                raise
+            return writer.commit()
+        finally:
+            await response.aclose()
+
+    async def download_outputs(
+        self,
+        job: Job | RunResult,
+        dest: str | Path,
+        *,
+        on_progress: Callable[[Output, int, int | None], None] | None = None,
+    ) -> list[Path]:
+        """Every output of the job under `dest` (its /output layout kept), sha256-checked."""
+        record = job.job if isinstance(job, RunResult) else job
+        paths = []
+        for output in record.outputs:
+            report = _for_output(on_progress, output)
+            target = safe_destination(Path(dest), output.path)
+            paths.append(await self.download(output, target, on_progress=report))
+        return paths
+
+    async def signed_url(self, artifact_id: str) -> SignedUrl:
+        """A signed, expiring download URL (absolute) that needs no API key."""
+        signed = await self._send(calls.sign_artifact(artifact_id))
+        return signed.model_copy(update={"url": self.base_url + signed.url})
+
+    # secrets
+
+    async def put_secret(self, name: str, value: str) -> Secret:
+        return await self._send(calls.put_secret(name, value))
+
+    async def secrets(self) -> list[Secret]:
+        return await self._send(calls.list_secrets())
+
+    async def delete_secret(self, name: str) -> None:
+        await self._send(calls.delete_secret(name))
+
+    # admin (an admin key)
+
+    async def create_tenant(self, name: str, **extra: Any) -> Tenant:
+        return await self._send(calls.create_tenant({"name": name, **extra}))
+
+    async def create_key(self, tenant_id: str, scopes: list[str] | None = None) -> ApiKey:
+        return await self._send(calls.create_key(tenant_id, scopes))
+
+    async def revoke_key(self, key_id: str) -> None:
+        await self._send(calls.revoke_key(key_id))
+
+    async def audit(self, **params: Any) -> list[dict[str, Any]]:
+        return await self._send(calls.audit(params))
+
+    # health
+
+    async def health(self) -> dict[str, Any]:
+        return await self._send(calls.health("/healthz"))
+
+    async def ready(self) -> dict[str, Any]:
+        return await self._send(calls.health("/readyz"))
+
+    # sessions
+
+    async def session(self, **body: Any) -> "AsyncSession":
+        """Start a session (the API's body fields); same as `sessions.create`."""
+        return AsyncSession(self, await self._send(calls.create_session(body)))
+
+
+class AsyncSessions:
+    """`client.sessions`: stateful interpreters, each in its own sandbox."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    async def create(
+        self,
+        *,
+        image: str | None = None,
+        allow: Sequence[str] | None = None,
+        secrets: Sequence[Mapping[str, Any]] | None = None,
+        env: Mapping[str, str] | None = None,
+        limits: Mapping[str, float] | None = None,
+        idle_timeout_s: float | None = None,
+        ttl_s: float | None = None,
+    ) -> "AsyncSession":
+        """Start a session; `async with await client.sessions.create() as s:` stops it."""
+        body = session_body(image, allow, secrets, env, limits, idle_timeout_s, ttl_s)
+        return await self._client.session(**body)
+
+    async def get(self, session_id: str) -> "AsyncSession":
+        return AsyncSession(self._client, await self._client._send(calls.get_session(session_id)))
+
+    def attach(self, session_id: str) -> "AsyncSession":
+        """A handle on a session by id, without asking the server first."""
+        return AsyncSession(self._client, SessionInfo(id=session_id, state="unknown"))
+
+    async def list(self, *, live: bool = False) -> list[SessionInfo]:
+        return await self._client._send(calls.list_sessions(live))
+
+
+class AsyncSession:
+    """A stateful interpreter in its own sandbox (`info` is its last known record)."""
+
+    def __init__(self, client: AsyncClient, info: SessionInfo) -> None:
+        self._client, self.info, self.id = client, info, info.id
+
+    @property
+    def data(self) -> SessionInfo:
+        return self.info
+
+    async def __aenter__(self) -> "AsyncSession":
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        if self.info.state not in ("stopped", "failed"):
+            await self.stop()
+
+    async def _send(self, call: Call[T]) -> T:
+        return await self._client._send(call)
+
+    async def _record(self, call: Call[SessionInfo]) -> SessionInfo:
+        self.info = await self._send(call)
+        return self.info
+
+    async def execute(self, code: str, timeout: float = 60) -> Cell:
+        """Run one cell and answer its output, result, rich displays and error."""
+        return await self._send(calls.execute(self.id, code, timeout))
+
+    async def execute_stream(self, code: str, timeout: float = 60) -> AsyncIterator[CellEvent]:
+        """Run one cell, yielding its output as produced; the last event is `result`."""
+        async for event in self._client._events(calls.execute(self.id, code, timeout, stream=True)):
+            item = cell_event(event)
+            yield item
+            if item.type == "result":
+                return
+        raise StreamError(f"the cell stream of {self.id} ended before its result")
+
+    async def interrupt(self) -> None:
+        await self._send(calls.interrupt(self.id))
+
+    async def upload(self, path: str, content: Content) -> FileWritten:
+        """Write a file to /workspace/`path`."""
+        return await self._send(calls.put_workspace_file(self.id, path, raw_content(content)))
+
+    async def download(self, path: str) -> bytes:
+        return await self._send(calls.get_workspace_file(self.id, path))
+
+    async def download_to(self, path: str, dest: str | Path) -> Path:
+        target = Path(dest)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(await self.download(path))
+        return target
+
+    async def files(self, path: str = "") -> list[FileEntry]:
+        return await self._send(calls.list_workspace(self.id, path))
+
+    async def pause(self) -> SessionInfo:
+        """Checkpoint: files are kept and, where the runtime can, process memory."""
+        return await self._record(calls.pause(self.id))
+
+    async def resume(self) -> SessionInfo:
+        return await self._record(calls.resume(self.id))
+
+    async def refresh(self) -> SessionInfo:
+        return await self._record(calls.get_session(self.id))
+
+    async def stop(self) -> SessionInfo:
+        return await self._record(calls.stop_session(self.id))
+
+    async def preview_url(self, port: int) -> str:
+        """An expiring URL (with its token) relaying HTTP to `port` inside the session."""
+        return self._client.base_url + await self._send(calls.preview_url(self.id, port))
+
+
+def _ref(artifact: str | Output) -> tuple[str, str | None]:
+    return (
+        (artifact, None) if isinstance(artifact, str) else (artifact.artifact_id, artifact.sha256)
+    )
+
+
+def _for_output(
+    report: Callable[[Output, int, int | None], None] | None, output: Output
+) -> Progress | None:
+    if report is None:
+        return None
+    return lambda done, total: report(output, done, total)
