@@ -70,7 +70,21 @@ class Runsc:
         self._call(*self.flags()[1:], "kill", "--all", sandbox_id, "KILL")
 
     def delete(self, sandbox_id: str) -> None:
-        self._call(*self.flags()[1:], "delete", "--force", sandbox_id)
+        try:
+            self._call(*self.flags()[1:], "delete", "--force", sandbox_id)
+        finally:
+            self._drop_orphan_locks(sandbox_id)
+
+    def _drop_orphan_locks(self, sandbox_id: str) -> None:
+        """Lock files without a state file: left when the sentry died before runsc wrote state
+        (an OOM kill at boot); `delete` cannot find such a container, so they would stay."""
+        if not self.root.is_dir():
+            return
+        prefix = f"{sandbox_id}_sandbox:"
+        names = {p.name for p in self.root.iterdir() if p.name.startswith(prefix)}
+        for name in names:
+            if name.endswith(".lock") and name.removesuffix(".lock") + ".state" not in names:
+                (self.root / name).unlink(missing_ok=True)
 
     def process_count(self, sandbox_id: str) -> int | None:
         """Processes (thread groups) the sentry counts in the sandbox; None if unknown."""
