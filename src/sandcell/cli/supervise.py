@@ -1,0 +1,55 @@
+"""The embedded worker of `sandcell serve`, kept running across an operator's drain or stop.
+
+`sandcell serve` runs its worker as a child process. When an operator drains or stops that
+worker (`POST /v1/admin/workers/{id}/drain`), the child finishes or hands back its jobs, marks
+itself stopped and exits with STOPPED_ON_REQUEST; serve then starts a fresh incarnation (a new
+worker id, the same data dir), which picks the handed-back jobs up from their committed stages.
+Any other exit is a failure and is left for the operator to see, never restarted in a loop.
+"""
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+log = logging.getLogger("sandcell.serve")
+STOPPED_ON_REQUEST = 75  # EX_TEMPFAIL: the worker stopped because it was asked to
+
+
+class EmbeddedWorker:
+    def __init__(self, data_dir: Path) -> None:
+        self.data_dir = data_dir
+        self._lock = threading.Lock()
+        self._closing = False
+        self.incarnations = 0
+        self.process = self._spawn()
+        threading.Thread(target=self._watch, name="worker-supervisor", daemon=True).start()
+
+    def _spawn(self) -> subprocess.Popen[bytes]:
+        env = os.environ | {"SANDCELL_DATA_DIR": str(self.data_dir)}
+        self.incarnations += 1
+        return subprocess.Popen([sys.executable, "-m", "sandcell.cli.main", "worker"], env=env)
+
+    def _watch(self) -> None:
+        while True:
+            code = self.process.wait()
+            with self._lock:
+                if self._closing:
+                    return
+                if code != STOPPED_ON_REQUEST:
+                    log.error("the worker exited with status %s; not restarting it", code)
+                    return
+                log.warning("the worker stopped on an operator's request; starting a new one")
+                self.process = self._spawn()
+
+    def close(self, timeout_s: float = 60) -> None:
+        """Graceful stop of the current incarnation (SIGTERM), and no new one after it."""
+        with self._lock:
+            self._closing = True
+            process = self.process
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+        process.wait(timeout=timeout_s)

@@ -1,0 +1,23 @@
+"""A last line of output is readable soon, not only when the job ends."""
+
+import time
+
+from sandcell.services.job_sink import LOG_FLUSH_S, JobSink
+from tests.conftest import Api
+
+
+def test_a_line_that_nothing_follows_is_flushed_by_time(api: Api) -> None:
+    alice = api.tenant("alice")
+    api.http.post("/v1/jobs", json={"code": "print('ready')"}, headers=alice)
+    store = api.services.store
+    job = store.claim_next("wrk_sink", time.time(), 30)
+    assert job is not None
+    sink = JobSink(store, api.blobs, job, job.fencing_token, f"{job.id}-{job.fencing_token}")
+    sink.output("stdout", b"ready\n")  # at once: younger than LOG_FLUSH_S, so it is held
+    assert store.read_logs(job.id, -1) == []
+    deadline = time.monotonic() + 20 * LOG_FLUSH_S
+    while not (chunks := store.read_logs(job.id, -1)) and time.monotonic() < deadline:
+        time.sleep(LOG_FLUSH_S / 4)
+    assert [c.data for c in chunks] == [b"ready\n"]
+    sink.flush()  # the final flush has nothing left to write twice
+    assert [c.data for c in store.read_logs(job.id, -1)] == [b"ready\n"]
