@@ -1,14 +1,20 @@
-"""Baselines measured in the same run: a bare interpreter and a cold `runsc run`."""
+"""Baselines measured in the same run: a bare interpreter, a cold `runsc run`, a raw `bwrap`;
+and the tools every benchmark shares (timing, summaries, rates, memory of a process set)."""
 
 import json
+import os
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from itertools import count
 from pathlib import Path
 
 PYTHON = "/usr/bin/python3.11"
+MiB = 1024 * 1024
 
 
 def timed(action: Callable[[], object], runs: int) -> list[float]:
@@ -24,19 +30,50 @@ def summary(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     return {
         "median_ms": round(statistics.median(ordered), 1),
-        "p90_ms": round(ordered[max(0, int(len(ordered) * 0.9) - 1)], 1),
+        "p90_ms": round(ordered[max(0, int(len(ordered) * 0.9 + 0.5) - 1)], 1),
         "runs": len(ordered),
     }
 
 
+def rate(action: Callable[[], object], total: int, concurrency: int) -> float:
+    """Actions per second with `concurrency` threads doing `total` actions between them."""
+    left = iter(range(total))
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+
+    def loop() -> None:
+        while True:
+            with lock:
+                if next(left, None) is None:
+                    return
+            try:
+                action()
+            except BaseException as exc:  # reported after the run, not lost in a thread
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=loop) for _ in range(concurrency)]
+    started = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise errors[0]
+    return round(total / (time.perf_counter() - started), 2)
+
+
 def bare_python(runs: int) -> list[float]:
-    return timed(
-        lambda: subprocess.run([PYTHON, "-c", "print(1)"], check=True, capture_output=True), runs
-    )
+    return timed(bare_python_once, runs)
 
 
-def cold_runsc(rootfs: Path, runs: int) -> list[float]:
-    """`runsc run` of a minimal bundle over the same image root, printing 1."""
+def bare_python_once() -> None:
+    subprocess.run([PYTHON, "-c", "print(1)"], check=True, capture_output=True)
+
+
+@contextmanager
+def runsc_launcher(rootfs: Path) -> Iterator[Callable[[], None]]:
+    """A function that does one cold `runsc run` of a minimal bundle over `rootfs`, printing 1."""
     with tempfile.TemporaryDirectory() as scratch:
         bundle = Path(scratch)
         subprocess.run(["runsc", "spec"], cwd=bundle, check=True)
@@ -44,24 +81,49 @@ def cold_runsc(rootfs: Path, runs: int) -> list[float]:
         spec["root"] = {"path": str(rootfs), "readonly": True}
         spec["process"].update(terminal=False, args=[PYTHON, "-c", "print(1)"])
         (bundle / "config.json").write_text(json.dumps(spec))
-        counter = iter(range(runs))
+        counter = count()
 
         def once() -> None:
-            name = f"bench-{time.monotonic_ns()}-{next(counter)}"
+            name = f"bench-{os.getpid()}-{time.monotonic_ns()}-{next(counter)}"
+            argv = ["runsc", "--root", f"{scratch}/state", "--network=none", "run"]
             subprocess.run(
-                [
-                    "runsc",
-                    "--root",
-                    f"{scratch}/state",
-                    "--network=none",
-                    "run",
-                    "--bundle",
-                    str(bundle),
-                    name,
-                ],
+                [*argv, "--bundle", str(bundle), name],
                 check=True,
                 capture_output=True,
                 stdin=subprocess.DEVNULL,
             )
 
+        yield once
+
+
+def cold_runsc(rootfs: Path, runs: int) -> list[float]:
+    with runsc_launcher(rootfs) as once:
         return timed(once, runs)
+
+
+def raw_bwrap_once(rootfs: Path) -> Callable[[], None]:
+    """One raw `bwrap` over the image (sandcell's namespaces; none of its volume, cgroups,
+    seccomp or uid switch), printing 1."""
+    argv = [
+        *("bwrap", "--unshare-all", "--unshare-user", "--die-with-parent"),
+        *("--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev"),
+        *(PYTHON, "-c", "print(1)"),
+    ]
+    return lambda: subprocess.run(argv, check=True, capture_output=True) and None
+
+
+def pss_mib(marker: str) -> tuple[float, int]:
+    """Proportional set size (MiB) of every process whose command line contains `marker`,
+    and how many there were. PSS splits shared pages fairly, so sums do not double count."""
+    total, found = 0, 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            if marker.encode() not in cmdline:
+                continue
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:  # gone meanwhile, or a kernel thread
+            continue
+        found += 1
+        total += next(int(line.split()[1]) for line in rollup.splitlines() if line[:4] == "Pss:")
+    return round(total * 1024 / MiB, 1), found

@@ -1,50 +1,94 @@
-"""A scratch `sandcell serve` for benchmarks: SQLite, gVisor, a free port, its own data dir."""
+"""A scratch `sandcell serve` for benchmarks: SQLite, a free port, its own data dir."""
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 
 ADMIN = "bench-admin-key-0123456789abcdef"
+READY_TIMEOUT_S = 180
 IMAGE_DIR = Path(os.environ.get("SANDCELL_IMAGE_DIR", "/var/lib/sandcell/images"))
+# A benchmark tenant submits whole batches at once: its quotas must not be what is measured.
+UNLIMITED = {
+    "SANDCELL_QUOTA_CONCURRENT_JOBS": "1000",
+    "SANDCELL_QUOTA_BURST": "100000",
+    "SANDCELL_QUOTA_JOBS_PER_MINUTE": "1000000",
+    "SANDCELL_QUOTA_SESSIONS": "64",
+}
 
 
-def start_server(data_dir: Path) -> tuple[subprocess.Popen[bytes], str]:
+def start_server(
+    data_dir: Path, env: dict[str, str] | None = None
+) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = os.environ | {
-        "SANDCELL_DATA_DIR": str(data_dir),
-        "SANDCELL_IMAGE_DIR": str(IMAGE_DIR),
-        "SANDCELL_PORT": str(port),
-        "SANDCELL_ADMIN_KEY": ADMIN,
-    }
+    full_env = (
+        os.environ
+        | {
+            "SANDCELL_DATA_DIR": str(data_dir),
+            "SANDCELL_IMAGE_DIR": str(IMAGE_DIR),
+            "SANDCELL_PORT": str(port),
+            "SANDCELL_ADMIN_KEY": ADMIN,
+        }
+        | (env or {})
+    )
     log = (data_dir / "serve.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "sandcell.cli.main", "serve"],
-        env=env,
+        env=full_env,
         stdout=log,
         stderr=log,
         start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline and proc.poll() is None:
         try:
             if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
-            time.sleep(0.1)
-    raise SystemExit("server did not become ready")
+            pass
+        time.sleep(0.1)
+    if proc.poll() is None:
+        stop_server(proc)
+    lines = (data_dir / "serve.log").read_text(errors="replace").splitlines()
+    tail = "\n".join(line for line in lines if "/readyz" not in line)[-3000:]
+    raise SystemExit(f"server did not become ready; its log ends:\n{tail}")
+
+
+def stop_server(proc: subprocess.Popen[bytes]) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(60)
+
+
+@contextmanager
+def server(data_dir: Path, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A running server's URL; stopped (and its sandboxes with it) on exit."""
+    data_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
+    data_dir.chmod(0o711)  # bwrap runs as the sandbox's uid and must reach its bind sources
+    proc, url = start_server(data_dir, env)
+    try:
+        yield url
+    finally:
+        stop_server(proc)
 
 
 def tenant_client(url: str) -> httpx.Client:
     admin = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {ADMIN}"})
     tenant = admin.post("/v1/admin/tenants", json={"name": "bench"}).json()
     key = admin.post(f"/v1/admin/tenants/{tenant['id']}/keys").json()["key"]
+    return client_for(url, key)
+
+
+def client_for(url: str, key: str) -> httpx.Client:
     nodelay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
     headers = {"Authorization": f"Bearer {key}"}
-    return httpx.Client(base_url=url, headers=headers, timeout=60, transport=nodelay)
+    return httpx.Client(base_url=url, headers=headers, timeout=120, transport=nodelay)

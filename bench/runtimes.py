@@ -11,7 +11,6 @@ runtime's full `run` (scratch volume, cgroup, launch, ready line, output, releas
 import argparse
 import json
 import shutil
-import subprocess
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ from itertools import count
 from pathlib import Path
 from typing import BinaryIO
 
-from bench._baselines import PYTHON, bare_python, cold_runsc, summary, timed
+from bench._baselines import bare_python, cold_runsc, raw_bwrap_once, summary, timed
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.ports.runtime import Runtime, SandboxSpec
@@ -48,12 +47,7 @@ class CollectingSink:
 
 
 def raw_bwrap(rootfs: Path, runs: int) -> list[float]:
-    argv = [
-        *("bwrap", "--unshare-all", "--unshare-user", "--die-with-parent"),
-        *("--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev"),
-        *(PYTHON, "-c", "print(1)"),
-    ]
-    return timed(lambda: subprocess.run(argv, check=True, capture_output=True), runs)
+    return timed(raw_bwrap_once(rootfs), runs)
 
 
 def through_runtime(runtime: Runtime, image: Image, runs: int) -> list[float]:

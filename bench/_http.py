@@ -1,0 +1,73 @@
+"""What the suite does over HTTP: jobs submitted and waited for, sessions, the chart input."""
+
+import io
+import random
+import time
+from typing import Any
+
+import httpx
+
+TERMINAL = ("completed", "failed", "cancelled")
+
+CHART_CODE = """\
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+df = pd.read_csv("/input/data.csv", parse_dates=["day"])
+totals = df.groupby("category")["amount"].sum().sort_values()
+ax = totals.plot.barh(figsize=(6, 4), title="amount by category")
+plt.tight_layout()
+plt.savefig("/output/chart.png", dpi=80)
+print(len(df), round(totals.sum(), 2))
+"""
+
+
+def run_job(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
+    """Submit, then one long poll (`?wait=30`) until the job is terminal; the final record."""
+    job: dict[str, Any] = http.post("/v1/jobs", json=body).raise_for_status().json()
+    while job["state"] not in TERMINAL:
+        job = http.get(f"/v1/jobs/{job['id']}", params={"wait": 30}).raise_for_status().json()
+    return job
+
+
+def completed(record: dict[str, Any]) -> dict[str, Any]:
+    if record["state"] != "completed":
+        raise SystemExit(f"bench job did not complete: {record['reason']}: {record['detail']}")
+    return record
+
+
+def chart_csv(rows: int = 10_000) -> bytes:
+    rnd = random.Random(6)
+    out = io.StringIO()
+    out.write("day,category,amount\n")
+    categories = [f"cat{i:02d}" for i in range(12)]
+    for n in range(rows):
+        out.write(f"2024-{1 + n % 12:02d}-{1 + n % 28:02d},{rnd.choice(categories)},")
+        out.write(f"{rnd.uniform(1, 500):.2f}\n")
+    return out.getvalue().encode()
+
+
+def upload(http: httpx.Client, name: str, content: bytes) -> str:
+    answer = http.post("/v1/files", files={"file": (name, content)}).raise_for_status()
+    file_id: str = answer.json()["id"]
+    return file_id
+
+
+def session_first_result(http: httpx.Client, image: str) -> tuple[str, float, float]:
+    """Create a session and run `1+1`: its id, ms to created, ms to the first result."""
+    started = time.perf_counter()
+    sid: str = http.post("/v1/sessions", json={"image": image}).raise_for_status().json()["id"]
+    created = (time.perf_counter() - started) * 1000
+    answer = execute(http, sid, "1+1")
+    if answer["result"] != "2":
+        raise SystemExit(f"session answered {answer}")
+    return sid, created, (time.perf_counter() - started) * 1000
+
+
+def execute(http: httpx.Client, sid: str, code: str) -> dict[str, Any]:
+    answer: dict[str, Any] = (
+        http.post(f"/v1/sessions/{sid}/execute", json={"code": code}).raise_for_status().json()
+    )
+    return answer

@@ -1,0 +1,364 @@
+"""`sandcell bench`: every headline figure of issue 6 in one run, each beside its baseline.
+
+    .venv/bin/sandcell bench [--quick] [--only trivial,chart,session,throughput,memory]
+    .venv/bin/python -m bench.suite  (the same)
+
+Baselines are measured in this run, on this machine: bare `python3.11 -c 'print(1)'`, a cold
+`runsc run` and a raw `bwrap` over the same image root. Each case starts its own `sandcell serve`
+(SQLite, scratch data dir): with SANDCELL_POOL_SIZE empty for cold sandboxes, and with a warm
+pool for the pooled cases. Medians and p90s; ratios are medians over the baseline's median
+(throughput: rate over the raw tool's rate at the same concurrency).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from bench import _http as jobs
+from bench._baselines import (
+    bare_python,
+    pss_mib,
+    rate,
+    raw_bwrap_once,
+    runsc_launcher,
+    summary,
+    timed,
+)
+from bench._server import IMAGE_DIR, UNLIMITED, server, tenant_client
+from sandcell.runtime.images import FilesystemImageCatalog
+from sandcell.settings import Settings
+
+SECTIONS = ("trivial", "chart", "session", "throughput", "memory")
+# Cold: no warm sandboxes for jobs and no pre-started session kernels.
+COLD = UNLIMITED | {"SANDCELL_POOL_SIZE": "", "SANDCELL_SESSION_POOL_SIZE": ""}
+SESSION_POOLED = COLD | {"SANDCELL_SESSION_POOL_SIZE": "python-data=1"}
+POOL_READY_TIMEOUT_S = 60.0
+POOL_REFILL_S = {"python": 1.5, "python-data": 6.0}  # sequential pooled runs wait for a refill
+TRIVIAL = {"code": "print(1)"}
+
+
+class Plan:
+    def __init__(self, quick: bool) -> None:
+        self.quick = quick
+        self.runs = 2 if quick else 20  # sequential jobs per case
+        self.chart_runs = 1 if quick else 6
+        self.sessions = 1 if quick else 3
+        self.cells = 10 if quick else 200
+        self.concurrency = (1, 4) if quick else (1, 4, 16)
+
+    def jobs_at(self, runtime: str, concurrency: int) -> int:
+        """How many jobs a throughput case runs: enough for a steady rate, not minutes."""
+        if self.quick:
+            return 2 * concurrency
+        base, per_client = {"gvisor": (8, 2), "bwrap": (30, 5)}[runtime]
+        return base + per_client * concurrency
+
+
+def pool_available() -> bool:
+    return "pool_size" in Settings.model_fields
+
+
+def session_pool_available() -> bool:
+    return "session_pool_size" in Settings.model_fields
+
+
+@contextmanager
+def scratch_dir() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="sandcell-bench-", dir="/var/tmp"))
+    path.chmod(0o711)  # bwrap runs as the sandbox's uid and must reach its bind sources
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def ratio(a: float, b: float) -> float:
+    return round(a / b, 2) if b else float("nan")
+
+
+# baselines
+
+
+def baselines(plan: Plan) -> dict[str, Any]:
+    python = FilesystemImageCatalog(IMAGE_DIR).get("python")
+    with runsc_launcher(python.rootfs) as runsc_once:
+        runsc_once()  # page cache
+        cold_runsc = summary(timed(runsc_once, plan.runs))
+    bwrap_once = raw_bwrap_once(python.rootfs)
+    bwrap_once()
+    return {
+        "bare_python": summary(bare_python(plan.runs)),
+        "cold_runsc_run": cold_runsc,
+        "raw_bwrap": summary(timed(bwrap_once, plan.runs)),
+    }
+
+
+# 1. trivial job; 2. CSV → chart
+
+
+def sequential_jobs(
+    url: str, body: dict[str, Any], runs: int, pause_s: float
+) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """`runs` jobs one after another (after one warm-up), each timed submit → completed."""
+    with tenant_client(url) as http:
+        job_body = body | _inputs(http, body)
+        jobs.completed(jobs.run_job(http, job_body))
+        samples, records = [], []
+        for _ in range(runs):
+            time.sleep(pause_s)  # a pool refills between jobs; outside the timed part
+            started = time.perf_counter()
+            records.append(jobs.completed(jobs.run_job(http, job_body)))
+            samples.append((time.perf_counter() - started) * 1000)
+    return summary(samples), records
+
+
+def _inputs(http: Any, body: dict[str, Any]) -> dict[str, Any]:
+    if body.get("image") != "python-data":
+        return {}
+    file_id = jobs.upload(http, "data.csv", jobs.chart_csv())
+    return {"inputs": [{"file_id": file_id, "path": "data.csv"}]}
+
+
+def job_case(plan: Plan, name: str, body: dict[str, Any], image: str, runs: int) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    with scratch_dir() as base, server(base / "cold", COLD) as url:
+        result["cold"], records = sequential_jobs(url, body, runs, 0)
+        result["cold_queue_ms"] = summary([r["queue_ms"] for r in records])
+    if not pool_available():
+        result["pooled"] = "no warm pool in this build (SANDCELL_POOL_SIZE unknown): cold only"
+        return result
+    pooled_env = UNLIMITED | {"SANDCELL_POOL_SIZE": f"{image}=1"}
+    with scratch_dir() as base, server(base / "pooled", pooled_env) as url:
+        time.sleep(POOL_REFILL_S[image])  # the first fill
+        result["pooled"], records = sequential_jobs(url, body, runs, POOL_REFILL_S[image])
+        result["pooled_runs"] = sum(1 for r in records if r.get("pooled"))
+    result["cold_vs_pooled"] = ratio(result["cold"]["median_ms"], result["pooled"]["median_ms"])
+    return result
+
+
+def trivial(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
+    result = job_case(plan, "trivial", TRIVIAL, "python", plan.runs)
+    for case in ("cold", "pooled"):
+        if isinstance(result.get(case), dict):
+            median = result[case]["median_ms"]
+            result[f"{case}_vs_python"] = ratio(median, base["bare_python"]["median_ms"])
+            result[f"{case}_vs_runsc"] = ratio(median, base["cold_runsc_run"]["median_ms"])
+    return result
+
+
+def chart(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
+    body = {"image": "python-data", "code": jobs.CHART_CODE, "limits": {"timeout_s": 120}}
+    return job_case(plan, "chart", body, "python-data", plan.chart_runs)
+
+
+# 3. sessions
+
+
+def session(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
+    """Cold kernels, then kernels from a session pool (SANDCELL_SESSION_POOL_SIZE)."""
+    result: dict[str, Any] = {}
+    cases = [("cold", COLD)]
+    if session_pool_available():
+        cases.append(("pooled", SESSION_POOLED))
+    for case, env in cases:
+        with scratch_dir() as scratch, server(scratch / case, env) as url:
+            result[case] = _sessions(plan, url, scratch / case, case == "pooled")
+    for case in [name for name, _ in cases]:
+        result[f"{case}_round_trip_vs_python"] = ratio(
+            result[case]["execute_1+1"]["median_ms"], base["bare_python"]["median_ms"]
+        )
+    if "pooled" in result:
+        firsts = [result[c]["create_to_first_result"]["median_ms"] for c in ("cold", "pooled")]
+        result["first_result_cold_vs_pooled"] = ratio(*firsts)
+    return result
+
+
+def _sessions(plan: Plan, url: str, data_dir: Path, pooled: bool) -> dict[str, Any]:
+    """Each session: created and `1+1` run (timed), from a ready pool when `pooled`; the
+    first one also times `plan.cells` round trips and its idle memory."""
+    creates, firsts, from_pool = [], [], 0
+    out: dict[str, Any] = {}
+    with tenant_client(url) as http:
+        for n in range(plan.sessions):
+            if pooled:
+                _wait_for_session_pool(http)  # outside the timed part, as a refill would be
+            sid, created, first = jobs.session_first_result(http, "python-data")
+            creates.append(created)
+            firsts.append(first)
+            from_pool += bool(http.get(f"/v1/sessions/{sid}").json().get("pooled"))
+            if n == 0:
+                trips = timed(lambda sid=sid: jobs.execute(http, sid, "1+1"), plan.cells)
+                out["execute_1+1"] = summary(trips)
+                time.sleep(1)  # idle
+                out["idle_session_pss_mib"] = _per_sandbox(f"{data_dir}/session-sandboxes")
+            http.delete(f"/v1/sessions/{sid}").raise_for_status()
+    out["create"] = summary(creates)
+    out["create_to_first_result"] = summary(firsts)
+    out["sessions_from_pool"] = f"{from_pool}/{plan.sessions}"
+    return out
+
+
+def _wait_for_session_pool(http: Any) -> None:
+    """Until the worker reports a ready python-data kernel (its heartbeat, in /metrics)."""
+    time.sleep(1.5)  # a fresh report: the one before the last take-over may still say ready
+    deadline = time.monotonic() + POOL_READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        text = http.get("/metrics/").text
+        for line in text.splitlines():
+            ready = line.startswith("sandcell_pool_ready{") and 'kind="sessions"' in line
+            if ready and 'image="python-data"' in line and float(line.split()[-1]) >= 1:
+                return
+        time.sleep(0.2)
+
+
+# 4. throughput
+
+
+def throughput(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
+    rootfs = FilesystemImageCatalog(IMAGE_DIR).get("python").rootfs
+    result: dict[str, Any] = {}
+    with runsc_launcher(rootfs) as runsc_once:
+        raw: dict[str, Callable[[], None]] = {"gvisor": runsc_once, "bwrap": raw_bwrap_once(rootfs)}
+        for runtime in ("gvisor", "bwrap"):
+            result[runtime] = _throughput(plan, runtime, raw[runtime])
+    return result
+
+
+def _throughput(plan: Plan, runtime: str, raw_once: Callable[[], None]) -> dict[str, Any]:
+    env = COLD | {"SANDCELL_RUNTIME": runtime, "SANDCELL_WORKER_SLOTS": "16"}
+    if runtime == "bwrap":
+        env["SANDCELL_ALLOW_WEAK_ISOLATION"] = "1"
+    out: dict[str, Any] = {}
+    with (
+        scratch_dir() as scratch,
+        server(scratch / runtime, env) as url,
+        tenant_client(url) as http,
+    ):
+        jobs.completed(jobs.run_job(http, TRIVIAL))
+        for c in plan.concurrency:
+            total = plan.jobs_at(runtime, c)
+            ours = rate(lambda: jobs.completed(jobs.run_job(http, TRIVIAL)), total, c)
+            theirs = rate(raw_once, total, c)
+            out[f"c{c}"] = {"jobs_per_s": ours, "raw_per_s": theirs, "ratio": ratio(ours, theirs)}
+        if runtime == "bwrap":
+            out["egress_job"] = _egress_probe(http)
+    return out
+
+
+def _egress_probe(http: Any) -> str:
+    """Whether a job that asks for network egress runs on this runtime."""
+    body = TRIVIAL | {"network": {"allow": ["example.com"]}}
+    record = jobs.run_job(http, body)
+    return f"{record['state']}/{record['reason']}: {record['detail']}"
+
+
+# 5. memory
+
+
+def memory(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
+    if not pool_available():
+        return {"pooled": "no warm pool in this build: nothing to measure"}
+    result: dict[str, Any] = {}
+    images = ("python",) if plan.quick else ("python", "python-data")
+    for image in images:
+        env = UNLIMITED | {"SANDCELL_POOL_SIZE": f"{image}=2", "SANDCELL_POOL_MEMORY_MB": "2048"}
+        with scratch_dir() as scratch, server(scratch / image, env):
+            time.sleep(2 * POOL_REFILL_S[image] + 2)  # fill, then settle
+            result[f"idle_pooled_{image}_pss_mib"] = _per_sandbox(f"{scratch / image}/sandboxes")
+    return result
+
+
+def _per_sandbox(marker: str) -> dict[str, float]:
+    """PSS of every runsc process under `marker` (sentry, gofer, …), per sandbox (sentries)."""
+    total, _ = pss_mib(marker)
+    sandboxes = pss_mib_count_sentries(marker)
+    return {
+        "sandboxes": sandboxes,
+        "per_sandbox_mib": round(total / sandboxes, 1) if sandboxes else 0,
+    }
+
+
+def pss_mib_count_sentries(marker: str) -> int:
+    count = 0
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker.encode() in b" ".join(argv) and b"boot" in argv:
+            count += 1
+    return count
+
+
+# the run
+
+
+MEASURES: dict[str, Callable[[Plan, dict[str, Any]], dict[str, Any]]] = {
+    "trivial": trivial,
+    "chart": chart,
+    "session": session,
+    "throughput": throughput,
+    "memory": memory,
+}
+
+
+def run(argv: list[str]) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(prog="sandcell bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few iterations (a smoke run)")
+    parser.add_argument("--only", default=",".join(SECTIONS), help="comma-separated sections")
+    parser.add_argument("--json", type=Path, help="also write the report as JSON here")
+    args = parser.parse_args(argv)
+    sections = [s for s in args.only.split(",") if s]
+    unknown = set(sections) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown sections {sorted(unknown)}; choose from {SECTIONS}")
+    plan = Plan(args.quick)
+    report: dict[str, Any] = {
+        "command": " ".join(["sandcell bench", *argv]),
+        "load_before": [round(x, 2) for x in os.getloadavg()],
+        "pool": "available" if pool_available() else "not in this build: pooled cases skipped",
+    }
+    report["baselines"] = base = baselines(plan)
+    for section in sections:
+        report[section] = _section(section, plan, base)
+        if args.json:  # as it goes: a failure late in a long run keeps what came before
+            args.json.write_text(json.dumps(report, indent=2))
+    report["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _section(section: str, plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
+    """One section's figures; a failed section is reported as such and the run goes on."""
+    started = time.monotonic()
+    try:
+        result = MEASURES[section](plan, base)
+    except (Exception, SystemExit) as exc:
+        result = {"error": f"{type(exc).__name__}: {exc}"[-2000:]}
+    result["section_s"] = round(time.monotonic() - started, 1)
+    print(f"[bench] {section} done", file=sys.stderr, flush=True)
+    return result
+
+
+def failed(report: dict[str, Any]) -> list[str]:
+    return [name for name in SECTIONS if "error" in report.get(name, {})]
+
+
+def main(argv: list[str] | None = None) -> None:
+    report = run(sys.argv[1:] if argv is None else argv)
+    print(json.dumps(report, indent=2))
+    if failed(report):
+        raise SystemExit(f"sections failed: {', '.join(failed(report))}")
+
+
+if __name__ == "__main__":
+    main()
