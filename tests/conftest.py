@@ -22,6 +22,7 @@ from sandcell.services.jobs import JobPolicy, JobService
 from sandcell.services.secrets import SecretService
 from sandcell.services.session_host import LocalSessionHost
 from sandcell.services.sessions import SessionPolicy, SessionService
+from sandcell.store.overview import SqlOverview
 from sandcell.store.sql import SqlStore, prepare_sqlite
 from sandcell.vault.fernet import FernetCipher
 from tests.fakes import FakeImages, FakeSessionRuntime, InProcessHosts
@@ -61,9 +62,9 @@ def api(tmp_path: Path) -> Iterator[Api]:
 
 
 @contextmanager
-def build_api(tmp_path: Path) -> Iterator[Api]:
-    """The real app over SQLite, with fakes for the image catalog and the session runtime."""
-    store = sqlite_store(tmp_path / "test.db")
+def build_api(tmp_path: Path, store: SqlStore | None = None) -> Iterator[Api]:
+    """The real app over SQLite (or `store`), with fakes for images and the session runtime."""
+    store = store or sqlite_store(tmp_path / "test.db")
     blobs = FilesystemBlobStore(tmp_path / "blobs")
     images = FakeImages("python")
     policy = JobPolicy("python", Limits(), Limits(timeout_s=600, memory_mb=4096))
@@ -95,6 +96,7 @@ def build_api(tmp_path: Path) -> Iterator[Api]:
     app = create_app(
         services, max_json_bytes=256 * 1024, max_upload_bytes=1024 * 1024 + 4096, max_depth=16
     )
+    app.state.overview = SqlOverview(store.engine)  # the admin dashboard's reads
     with TestClient(app, raise_server_exceptions=False) as http:
         yield Api(http, services, blobs, tmp_path, host, session_runtime)
 

@@ -2,6 +2,7 @@
 
 import os
 import secrets
+from pathlib import Path
 
 from fastapi import FastAPI
 from sqlalchemy import create_engine
@@ -13,8 +14,10 @@ from sandcell.artifacts.filesystem import FilesystemBlobStore
 from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.egress.validation import EgressValidator
 from sandcell.ports.egress import Egress
+from sandcell.ports.notify import Notifier
 from sandcell.ports.runtime import Runtime
 from sandcell.ports.secrets import NetworkValidator
+from sandcell.ports.sessions import SessionPool
 from sandcell.remote.guest_channel import SocketGuestChannels
 from sandcell.remote.session_client import HttpSessionHosts
 from sandcell.runtime.images import FilesystemImageCatalog
@@ -25,8 +28,9 @@ from sandcell.services.jobs import JobPolicy, JobService
 from sandcell.services.secrets import SecretService
 from sandcell.services.session_host import LocalSessionHost
 from sandcell.services.sessions import SessionPolicy, SessionService
-from sandcell.services.worker import Worker, WorkerConfig, new_worker_id
+from sandcell.services.worker import BASE_ENV, Worker, WorkerConfig, new_worker_id
 from sandcell.settings import Settings
+from sandcell.store.overview import SqlOverview
 from sandcell.store.sql import SqlStore, prepare_sqlite
 from sandcell.vault.fernet import FernetCipher
 
@@ -43,6 +47,22 @@ def build_store(settings: Settings) -> SqlStore:
     store = SqlStore(engine)
     store.create_schema()
     return store
+
+
+def build_notifier(settings: Settings) -> Notifier:
+    """Wake-ups between this process and the others on the same store (see ports/notify.py)."""
+    if settings.store_url.startswith("sqlite"):
+        from sandcell.store.notify_local import SocketNotifier
+
+        return SocketNotifier(settings.data_dir / "notify")  # every process on this SQLite file
+    from sandcell.store.notify_pg import PostgresNotifier
+
+    notifier = PostgresNotifier(settings.store_url)
+    notifier.wait_listening(NOTIFY_CONNECT_S)  # else the first wake-ups could go unheard
+    return notifier
+
+
+NOTIFY_CONNECT_S = 5.0
 
 
 def signing_key(settings: Settings) -> bytes:
@@ -88,7 +108,9 @@ def build_services(settings: Settings) -> Services:
         max_limits=settings.max_limits,
         quotas=settings.quotas,
     )
-    jobs = JobService(store, blobs, images, policy, network_validator(settings))
+    jobs = JobService(
+        store, blobs, images, policy, network_validator(settings), build_notifier(settings)
+    )
     sessions = SessionService(
         store,
         HttpSessionHosts(internal_token(settings)),
@@ -111,12 +133,16 @@ def build_services(settings: Settings) -> Services:
 
 
 def build_api(settings: Settings) -> FastAPI:
-    return create_app(
-        build_services(settings),
+    services = build_services(settings)
+    app = create_app(
+        services,
         max_json_bytes=settings.max_body_bytes,
         max_upload_bytes=settings.max_file_bytes + 64 * 1024,
         max_depth=settings.max_json_depth,
     )
+    assert isinstance(services.store, SqlStore)
+    app.state.overview = SqlOverview(services.store.engine)  # the admin dashboard's reads
+    return app
 
 
 def build_runtime(settings: Settings) -> Runtime:
@@ -136,6 +162,25 @@ def build_runtime(settings: Settings) -> Runtime:
     raise RuntimeUnavailable(
         f"unknown runtime {settings.runtime!r}; this build offers: gvisor, bwrap"
     )
+
+
+def with_warm_pool(settings: Settings, runtime: Runtime) -> Runtime:
+    """gVisor jobs take pre-started sandboxes when SANDCELL_POOL_SIZE asks for any.
+
+    The pool starts filling when the worker reaps (the start of `Worker.serve`).
+    """
+    from sandcell.runtime.gvisor import GVisorRuntime
+    from sandcell.runtime.pool import PoolConfig, WarmPool, parse_sizes
+    from sandcell.runtime.pooled import PooledRuntime, warm_factory
+
+    sizes = parse_sizes(settings.pool_size)
+    if not isinstance(runtime, GVisorRuntime) or not any(sizes.values()):
+        return runtime
+    config = PoolConfig(
+        sizes, settings.default_limits, settings.pool_memory_mb, settings.pool_idle_s
+    )
+    images = FilesystemImageCatalog(settings.image_dir)
+    return PooledRuntime(runtime, WarmPool(warm_factory(runtime), images, config))
 
 
 def build_egress(settings: Settings) -> Egress | None:
@@ -159,6 +204,7 @@ def build_worker(settings: Settings, url: str | None = None) -> Worker:
     store = build_store(settings)
     runtime = build_runtime(settings)
     runtime.check()  # fail closed: no worker without the isolation it promises
+    runtime = with_warm_pool(settings, runtime)
     config = WorkerConfig(
         worker_id=new_worker_id(),
         slots=settings.worker_slots,
@@ -180,8 +226,9 @@ def build_worker(settings: Settings, url: str | None = None) -> Worker:
         else None
     )
     channels = SocketGuestChannels(settings.data_dir / "channels")
+    notifier = build_notifier(settings)
     return Worker(
-        store, blobs, runtime, images, config, egress, secrets_service, sessions, channels
+        store, blobs, runtime, images, config, egress, secrets_service, sessions, channels, notifier
     )
 
 
@@ -198,7 +245,37 @@ def build_session_host(
     # Sandboxes of a crashed predecessor; paused sessions live in state_root and are kept.
     runtime.reap()
     state_root = settings.data_dir / "sessions"
-    return LocalSessionHost(store, runtime, images, state_root, worker_id, egress, secrets_service)
+    pool = build_session_pool(settings, runtime, images, state_root)
+    return LocalSessionHost(
+        store, runtime, images, state_root, worker_id, egress, secrets_service, pool
+    )
+
+
+def build_session_pool(
+    settings: Settings,
+    runtime: GVisorSessionRuntime,
+    images: FilesystemImageCatalog,
+    state_root: Path,
+) -> SessionPool | None:
+    """Pre-started session kernels when SANDCELL_SESSION_POOL_SIZE asks for any; they live
+    next to the sessions' state dirs (a take-over renames one into place)."""
+    from sandcell.runtime.pool import PoolConfig, parse_sizes
+    from sandcell.runtime.session_pool import SESSION_PRELOADS, SessionPool
+
+    sizes = parse_sizes(settings.session_pool_size)
+    if not any(sizes.values()):
+        return None
+    config = PoolConfig(
+        sizes,
+        settings.default_limits,
+        settings.session_pool_memory_mb,
+        settings.pool_idle_s,
+        preloads=SESSION_PRELOADS,
+        preload_mb={},  # a session's own memory_mb pays for what it imports, as if cold
+    )
+    pool = SessionPool(runtime, images, config, state_root / ".pool", BASE_ENV)
+    pool.start()
+    return pool
 
 
 def build_internal_app(settings: Settings, worker: Worker) -> FastAPI:

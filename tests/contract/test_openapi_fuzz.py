@@ -103,7 +103,7 @@ class World:
         artifact = Artifact(
             new_id("art"), self.tenant_id, job.id, "result.txt", size, sha256, time.time()
         )
-        store.mark_started(job.id, job.fencing_token, time.time(), "sha256:" + "0" * 64)
+        store.mark_started(job.id, job.fencing_token, time.time(), "sha256:" + "0" * 64, "sbx-1")
         store.append_log(job.id, job.fencing_token, "stdout", b"hello\n")
         store.add_artifact(artifact, job.fencing_token)
         done = store.get_job(None, job.id)

@@ -4,6 +4,7 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from sqlalchemy import create_engine, text
 from sandcell.domain.errors import Conflict, IdempotencyMismatch, StaleLease
 from sandcell.domain.ids import new_id
 from sandcell.domain.limits import Limits
-from sandcell.domain.records import Artifact, Job, JobSpec, Tenant
+from sandcell.domain.records import Artifact, Job, JobSpec, Tenant, WorkerInfo
 from sandcell.domain.states import JobState, Reason
 from sandcell.store.sql import SqlStore
 from tests.conftest import sqlite_store
@@ -162,6 +163,33 @@ def test_a_lost_job_with_attempts_left_is_requeued_and_listed(store: SqlStore) -
         Reason.WORKER_LOST,
     )
     assert [a["worker_id"] for a in final.attempts] == ["w1", "w2"]
+
+
+def test_a_lost_attempt_names_the_sandbox_it_ran_in(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    spec = JobSpec("python", "print(1)", None, [], Limits(), {}, retry={"max_attempts": 2})
+    store.add_job(Job(new_id("job"), tenant.id, JobState.ACCEPTED, spec, time.time(), None), None)
+    first = store.claim_next("w1", time.time(), lease_s=0.05)
+    assert first is not None
+    store.mark_started(first.id, first.fencing_token, time.time(), "sha256:x", "pool-python-ab12")
+    running = store.get_job(None, first.id)
+    assert running is not None and running.sandbox_id == "pool-python-ab12"
+    time.sleep(0.1)
+    store.fail_lost_jobs(time.time())
+    again = store.get_job(None, first.id)
+    assert again is not None and again.state is JobState.ACCEPTED
+    assert [a["sandbox_id"] for a in again.attempts] == ["pool-python-ab12"]
+    assert again.sandbox_id is None  # the next attempt has not started anywhere yet
+
+
+def test_a_workers_pool_figures_come_back_with_it(store: SqlStore) -> None:
+    pools = {"jobs": {"ready": {"python": 1}, "memory_bytes": 5, "hits": {"python": 2}}}
+    info = WorkerInfo(new_id("wrk"), "h", "gvisor", "1", time.time(), None, pools)
+    store.worker_seen(info, time.time())
+    live = [w for w in store.live_workers(time.time() - 10) if w.id == info.id]
+    assert [w.pools for w in live] == [pools]
+    store.worker_seen(replace(info, pools=None), time.time())
+    assert [w.pools for w in store.live_workers(time.time() - 10) if w.id == info.id] == [None]
 
 
 def test_metrics_queries_count_states_and_phases(store: SqlStore) -> None:

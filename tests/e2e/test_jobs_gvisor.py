@@ -7,11 +7,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.e2e.conftest import Server, host_processes_mentioning, run_job
+from tests.e2e.pool_metrics import pool_figure, wait_for_pool
 
 pytestmark = pytest.mark.gvisor
 
@@ -82,7 +84,8 @@ def test_each_limit_that_trips_gives_its_own_reason(server: Server, reason: str)
     assert (job["state"], job["reason"]) == ("failed", reason), job
     if reason == "exit_code":
         assert job["exit_code"] == 7
-    assert host_processes_mentioning(job["id"]) == []
+    assert job["attempts"][-1]["sandbox_id"] == job["sandbox_id"]
+    assert host_processes_mentioning(job["sandbox_id"]) == []
 
 
 STUBBORN = """
@@ -99,20 +102,51 @@ while True: time.sleep(1)
 """
 
 
+def _cancel_stubborn(http: httpx.Client, limits: dict[str, float]) -> tuple[str, dict[str, Any]]:
+    """Start STUBBORN, cancel it once ready; the sandbox it ran in (as its record said while
+    it ran) and its final record."""
+    job = http.post("/v1/jobs", json={"code": STUBBORN, "limits": limits}).json()
+    deadline = time.monotonic() + 30
+    while "ready" not in http.get(f"/v1/jobs/{job['id']}/logs").json()["stdout"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    sandbox_id = http.get(f"/v1/jobs/{job['id']}").json()["sandbox_id"]
+    assert host_processes_mentioning(sandbox_id), "the sandbox should be running"
+    answer = http.post(f"/v1/jobs/{job['id']}/cancel")
+    assert answer.status_code == 202
+    record = http.get(f"/v1/jobs/{job['id']}", params={"wait": 30}).json()
+    assert (record["state"], record["reason"]) == ("cancelled", "cancelled"), record
+    assert [a["sandbox_id"] for a in record["attempts"]] == [sandbox_id]
+    assert host_processes_mentioning(sandbox_id) == []
+    return sandbox_id, record
+
+
 def test_cancel_really_kills_a_stubborn_double_forked_program(server: Server) -> None:
     alice = server.tenant("cancel")
     with httpx.Client(base_url=server.url, headers=alice, timeout=60) as http:
-        job = http.post("/v1/jobs", json={"code": STUBBORN}).json()
-        deadline = time.monotonic() + 30
-        while "ready" not in http.get(f"/v1/jobs/{job['id']}/logs").json()["stdout"]:
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
-        assert host_processes_mentioning(job["id"]), "the sandbox should be running"
-        answer = http.post(f"/v1/jobs/{job['id']}/cancel")
-        assert answer.status_code == 202
-        record = http.get(f"/v1/jobs/{job['id']}", params={"wait": 30}).json()
-    assert (record["state"], record["reason"]) == ("cancelled", "cancelled")
-    assert host_processes_mentioning(job["id"]) == []
+        # pids differs from the pool's profile: a cold sandbox, named after the job
+        sandbox_id, record = _cancel_stubborn(http, {"pids": 48})
+    assert (
+        not record["pooled"] and sandbox_id == f"{record['id']}-{record['attempts'][0]['number']}"
+    )
+
+
+def test_cancel_kills_a_pooled_job_and_metrics_count_the_hit(server: Server) -> None:
+    alice = server.tenant("cancel-pooled")
+    with httpx.Client(base_url=server.url, headers=alice, timeout=60) as http:
+        wait_for_pool(http, "python")
+        hits = pool_figure(http, "sandcell_pool_hits", "python")
+        assert pool_figure(http, "sandcell_pool_target", "python") == 1
+        budget = pool_figure(http, "sandcell_pool_memory_limit_bytes", None)
+        assert 0 < pool_figure(http, "sandcell_pool_memory_bytes", None) <= budget
+        sandbox_id, record = _cancel_stubborn(http, {})
+        assert record["pooled"] and sandbox_id.startswith("pool-python-"), record
+        deadline = time.monotonic() + 10  # the worker reports every second
+        while pool_figure(http, "sandcell_pool_hits", "python") < hits + 1:
+            assert time.monotonic() < deadline, "the hit never showed in /metrics"
+            time.sleep(0.2)
+        text = http.get("/metrics/").text
+    assert "sandcell_pool_misses_total" in text and "sandcell_pool_refusals_total" in text
 
 
 ISOLATION = """

@@ -128,14 +128,22 @@ def _final(http: httpx.Client, job_id: str, timeout_s: float = 60) -> Json:
     return dict(wait_for(terminal, lambda: _record(http, job_id), timeout_s))
 
 
-def _sandbox_left(proc: Proc, job_id: str) -> list[str]:
-    """Whatever of this job's sandboxes the worker on `proc`'s data dir still has on the host."""
+def _sandbox_of(attempt: Json) -> str:
+    """The sandbox an attempt ran in, as the job record says: pooled (`pool-<image>-<hex>`)
+    or cold (`<job>-<token>`); never guessed from the job id."""
+    sandbox_id = attempt["sandbox_id"]
+    assert isinstance(sandbox_id, str) and sandbox_id, attempt
+    return sandbox_id
+
+
+def _sandbox_left(proc: Proc, sandbox_id: str) -> list[str]:
+    """Whatever of this sandbox the worker on `proc`'s data dir still has on the host."""
     runtime = runtime_of(proc)
-    left = host_processes_mentioning(job_id)
-    left += [str(p) for p in runtime.sandboxes_dir.glob(f"{job_id}-*")]
+    left = host_processes_mentioning(sandbox_id)
+    left += [str(p) for p in runtime.sandboxes_dir.glob(sandbox_id)]
     for controller in ("memory", "pids"):
         cgroups = Path("/sys/fs/cgroup", controller, runtime.cgroup_parent)
-        left += [str(p) for p in cgroups.glob(f"{job_id}-*")]
+        left += [str(p) for p in cgroups.glob(sandbox_id)]
     return left
 
 
@@ -181,9 +189,10 @@ def test_a_killed_workers_staged_job_completes_elsewhere_without_redoing_its_sta
         assert http.get(f"/v1/artifacts/{chart_id}/content").content == _expected_chart()
 
     # runsc outlives its killed parent; the next worker on that data dir reaps it at start.
-    assert host_processes_mentioning(job_id), "expected the killed worker's sandbox to survive"
+    killed = _sandbox_of(first)
+    assert _sandbox_left(victim, killed), "expected the killed worker's sandbox to survive"
     _restart(cluster, victim)
-    assert _sandbox_left(victim, job_id) == []
+    assert _sandbox_left(victim, killed) == []
 
 
 def test_without_retry_a_killed_workers_job_fails_as_worker_lost(cluster: Cluster) -> None:
@@ -196,8 +205,10 @@ def test_without_retry_a_killed_workers_job_fails_as_worker_lost(cluster: Cluste
         record = _final(http, job_id, timeout_s=30)
     assert (record["state"], record["reason"]) == ("failed", "worker_lost"), record
     assert [a["reason"] for a in record["attempts"]] == ["worker_lost"]
+    killed = _sandbox_of(record["attempts"][0])
+    assert _sandbox_left(victim, killed), "expected the killed worker's sandbox to survive"
     _restart(cluster, victim)
-    assert _sandbox_left(victim, job_id) == []
+    assert _sandbox_left(victim, killed) == []
 
 
 def test_the_same_idempotency_key_after_an_api_crash_gives_the_same_job(cluster: Cluster) -> None:

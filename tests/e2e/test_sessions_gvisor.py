@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import Server, host_processes_mentioning, running_server
+from tests.e2e.pool_metrics import pool_figure, wait_for_pool
 from tests.integration.egress_servers import TestPKI
 
 pytestmark = pytest.mark.gvisor
@@ -30,6 +31,29 @@ def _client(server: Server, name: str) -> httpx.Client:
     return httpx.Client(base_url=server.url, headers=server.tenant(name), timeout=120)
 
 
+def _sandbox_of(http: httpx.Client, sid: str) -> str:
+    """The sandbox the session runs in (or ran in last), as its record says: a pooled kernel
+    (`spool-<image>-<hex>`) or a cold one (`<session>-<n>`)."""
+    sandbox_id = http.get(f"/v1/sessions/{sid}").json()["sandbox_id"]
+    assert isinstance(sandbox_id, str) and sandbox_id
+    return sandbox_id
+
+
+def _pooled_session(http: httpx.Client) -> str:
+    """A session that took a kernel from the worker's session pool."""
+    wait_for_pool(http, "python-data", kind="sessions")
+    hits = pool_figure(http, "sandcell_pool_hits", "python-data", kind="sessions")
+    session = http.post("/v1/sessions", json={"image": "python-data"})
+    assert session.status_code == 201, session.text
+    record = session.json()
+    assert record["pooled"] and record["sandbox_id"].startswith("spool-python-data-"), record
+    deadline = time.monotonic() + 10  # the worker reports every second
+    while pool_figure(http, "sandcell_pool_hits", "python-data", kind="sessions") < hits + 1:
+        assert time.monotonic() < deadline, "the hit never showed in /metrics"
+        time.sleep(0.2)
+    return str(record["id"])
+
+
 def _execute(http: httpx.Client, sid: str, code: str, timeout: float = 60) -> dict:
     answer = http.post(f"/v1/sessions/{sid}/execute", json={"code": code, "timeout_s": timeout})
     assert answer.status_code == 200, answer.text
@@ -41,6 +65,7 @@ def test_a_session_keeps_state_plots_pngs_and_survives_errors(server: Server) ->
         session = http.post("/v1/sessions", json={"image": "python-data"})
         assert session.status_code == 201, session.text
         sid = session.json()["id"]
+        sandbox_id = _sandbox_of(http, sid)
         assert _execute(http, sid, "x = 41")["error"] is None
         assert _execute(http, sid, "x + 1")["result"] == "42"
         rows = "day,sales\n" + "".join(f"{d},{d * 3 % 7}\n" for d in range(30))
@@ -60,7 +85,7 @@ def test_a_session_keeps_state_plots_pngs_and_survives_errors(server: Server) ->
         assert "data.csv" in [e["name"] for e in listing]
         stopped = http.delete(f"/v1/sessions/{sid}").json()
         assert stopped["state"] == "stopped"
-    assert host_processes_mentioning(sid) == []
+    assert host_processes_mentioning(sandbox_id) == []
 
 
 def test_interrupt_stops_a_busy_cell_and_the_session_lives_on(server: Server) -> None:
@@ -74,19 +99,36 @@ def test_interrupt_stops_a_busy_cell_and_the_session_lives_on(server: Server) ->
         http.delete(f"/v1/sessions/{sid}")
 
 
-def test_pause_keeps_memory_and_resume_continues(server: Server) -> None:
+def test_a_pooled_session_pauses_keeping_memory_and_resume_continues(server: Server) -> None:
     with _client(server, "ses-pause") as http:
-        sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+        sid = _pooled_session(http)
+        pooled_sandbox = _sandbox_of(http, sid)
         _execute(http, sid, "x = 41")
         http.put(f"/v1/sessions/{sid}/files/keep.txt", content=b"kept").raise_for_status()
         paused = http.post(f"/v1/sessions/{sid}/pause").json()
         assert paused["state"] == "paused" and paused["memory_kept"] is True
-        assert host_processes_mentioning(sid) == []
+        assert host_processes_mentioning(pooled_sandbox) == []
         resumed = http.post(f"/v1/sessions/{sid}/resume").json()
-        assert resumed["state"] == "running"
+        assert resumed["state"] == "running" and resumed["pooled"], resumed
+        assert resumed["sandbox_id"] != pooled_sandbox  # restored into a new sandbox
         assert _execute(http, sid, "x + 1")["result"] == "42"
         assert http.get(f"/v1/sessions/{sid}/files/keep.txt").content == b"kept"
         http.delete(f"/v1/sessions/{sid}")
+        assert host_processes_mentioning(resumed["sandbox_id"]) == []
+
+
+def test_pooled_sessions_never_see_each_others_variables_or_files(server: Server) -> None:
+    with _client(server, "ses-pool-a") as alice, _client(server, "ses-pool-b") as bob:
+        first = _pooled_session(alice)
+        _execute(alice, first, "secret = 'alice'\nopen('/workspace/a.txt', 'w').write(secret)")
+        second = _pooled_session(bob)  # the refill, while alice's session still runs
+        seen = _execute(bob, second, "import os\n('secret' in globals(), os.listdir('.'))")
+        assert seen["result"] == "(False, [])", seen
+        assert _sandbox_of(alice, first) != _sandbox_of(bob, second)
+        for http, sid in ((alice, first), (bob, second)):
+            sandbox_id = _sandbox_of(http, sid)
+            http.delete(f"/v1/sessions/{sid}")
+            assert host_processes_mentioning(sandbox_id) == []
 
 
 def test_preview_url_reaches_a_server_in_the_session_only_with_its_token(server: Server) -> None:
@@ -116,12 +158,13 @@ def test_an_idle_session_is_stopped_and_its_sandbox_released(server: Server) -> 
         sid = http.post("/v1/sessions", json={"image": "python-data", "idle_timeout_s": 1}).json()[
             "id"
         ]
+        sandbox_id = _sandbox_of(http, sid)
         deadline = time.monotonic() + 30
         while http.get(f"/v1/sessions/{sid}").json()["state"] != "stopped":
             assert time.monotonic() < deadline
             time.sleep(0.5)
         assert http.get(f"/v1/sessions/{sid}").json()["reason"] == "idle_timeout"
-    assert host_processes_mentioning(sid) == []
+    assert host_processes_mentioning(sandbox_id) == []
 
 
 def test_execute_streams_output_as_it_is_produced(server: Server) -> None:
@@ -152,11 +195,14 @@ def test_a_session_paused_by_a_server_restart_resumes_with_its_memory(
     with running_server(data_dir, pki) as first:
         headers = first.tenant("restart")
         with httpx.Client(base_url=first.url, headers=headers, timeout=120) as http:
-            sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+            sid = _pooled_session(http)
+            sandbox_id = _sandbox_of(http, sid)
             _execute(http, sid, "x = 41")
             http.put(f"/v1/sessions/{sid}/files/kept.txt", content=b"kept").raise_for_status()
     # The graceful stop paused (checkpointed) the live session; nothing of it runs now.
-    assert host_processes_mentioning(sid) == []
+    assert host_processes_mentioning(sandbox_id) == []
+    # Nor its warm pools' sandboxes and kernels: destroyed, never left running.
+    assert host_processes_mentioning(str(data_dir)) == []
     with (
         running_server(data_dir, pki) as second,
         httpx.Client(base_url=second.url, headers=headers, timeout=120) as http,

@@ -253,3 +253,32 @@ def test_metrics_show_jobs_by_state_and_reason_and_phase_latencies(api: Api) -> 
     assert 'sandcell_jobs{reason="",state="accepted"} 1.0' in text
     assert "sandcell_job_run_seconds_bucket" in text and "sandcell_store_up 1.0" in text
     assert "sandcell_submit_ack_seconds_count 2.0" in text
+
+
+def test_metrics_show_the_warm_pools_of_live_workers_only(api: Api) -> None:
+    import time
+
+    from sandcell.domain.records import WorkerInfo
+
+    jobs = {"ready": {"python": 1}, "target": {"python": 2}, "memory_bytes": 3 << 20}
+    jobs |= {"memory_limit_bytes": 1 << 30, "hits": {"python": 5}, "misses": {"python": 2}}
+    sessions = {"ready": {"python-data": 0}, "refused": {"python-data": 4}}
+    pools = {"jobs": jobs, "sessions": sessions}
+    api.services.store.worker_seen(WorkerInfo("wrk_p", "h", "gvisor", "1", 0, None, pools), 0)
+    gone = WorkerInfo("wrk_gone", "h", "gvisor", "1", 0, None, {"jobs": jobs})
+    api.services.store.worker_seen(gone, time.time() - 3600)  # not live: not shown
+    api.services.store.worker_seen(
+        WorkerInfo("wrk_p", "h", "gvisor", "1", 0, None, pools), time.time()
+    )
+    text = api.http.get("/metrics/").text
+    labels = 'image="python",kind="jobs",worker="wrk_p"'
+    assert f"sandcell_pool_ready{{{labels}}} 1.0" in text
+    assert f"sandcell_pool_target{{{labels}}} 2.0" in text
+    assert f"sandcell_pool_hits_total{{{labels}}} 5.0" in text
+    assert f"sandcell_pool_misses_total{{{labels}}} 2.0" in text
+    session_labels = 'image="python-data",kind="sessions",worker="wrk_p"'
+    assert f"sandcell_pool_refusals_total{{{session_labels}}} 4.0" in text
+    assert f"sandcell_pool_ready{{{session_labels}}} 0.0" in text
+    assert 'sandcell_pool_memory_bytes{kind="jobs",worker="wrk_p"} 3.145728e+06' in text
+    assert 'sandcell_pool_memory_limit_bytes{kind="jobs",worker="wrk_p"} 1.073741824e+09' in text
+    assert "wrk_gone" not in text

@@ -7,7 +7,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import make_asgi_app
 
 from sandcell import __version__
-from sandcell.api import admin, problems, routes, session_routes
+from sandcell.api import admin, admin_workers, problems, routes, session_routes, ui_routes
 from sandcell.api.deps import Services
 from sandcell.api.metrics import registry_for
 from sandcell.api.requests import RequestLog
@@ -28,6 +28,7 @@ def create_app(
     app.include_router(routes.router)
     app.include_router(session_routes.router)
     app.include_router(admin.router)
+    app.include_router(admin_workers.router)
     app.state.max_upload_bytes = max_upload_bytes
     app.add_middleware(
         problems.BodyGuard,
@@ -38,6 +39,7 @@ def create_app(
     app.add_middleware(RequestLog)
     registry, app.state.ack_histogram = registry_for(services.store)
     app.mount("/metrics", make_asgi_app(registry))
+    ui_routes.install(app)  # the web dashboard at /ui/ and the reads it needs
 
     @app.get("/healthz", tags=["health"], response_model=HealthOut)
     def healthz() -> HealthOut:

@@ -24,14 +24,18 @@ TOKEN_HEADER = "X-Sandcell-Internal"
 router = APIRouter(prefix="/internal/sessions")
 
 
-def _authorised(
+# The dependencies below are async because they never block: FastAPI runs a sync dependency
+# in a worker thread, one thread hop per dependency per call on the execute path.
+
+
+async def _authorised(
     request: Request, given: Annotated[str | None, Header(alias=TOKEN_HEADER)] = None
 ) -> None:
     if not given or not hmac.compare_digest(given, request.app.state.token):
         raise Unauthorized("internal endpoint")
 
 
-def _host(request: Request) -> LocalSessionHost:
+async def _host(request: Request) -> LocalSessionHost:
     host: LocalSessionHost = request.app.state.host
     return host
 

@@ -8,10 +8,15 @@ import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
-from sandcell.domain.records import LIVE_WORKER_S
+from sandcell.domain.records import LIVE_WORKER_S, WorkerInfo
 from sandcell.ports.store import Store
 
 BOUNDS_S = [0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600]
@@ -52,6 +57,48 @@ class StoreCollector(Collector):
     def _worker_metrics(self) -> Iterator[Metric]:
         live = self.store.live_workers(time.time() - LIVE_WORKER_S)
         yield GaugeMetricFamily("sandcell_workers_live", "Workers seen recently", len(live))
+        yield from pool_metrics(live)
+
+
+# Per image, from each live worker's last heartbeat: (figure, metric, help, kind of metric).
+POOL_PER_IMAGE = [
+    ("ready", "sandcell_pool_ready", "Warm sandboxes ready to be taken", "gauge"),
+    ("target", "sandcell_pool_target", "Warm sandboxes the pool keeps (its size)", "gauge"),
+    ("hits", "sandcell_pool_hits", "Starts served from the pool", "counter"),
+    ("misses", "sandcell_pool_misses", "Cold starts the pool could have served", "counter"),
+    ("refused", "sandcell_pool_refusals", "Cold starts the pool cannot serve", "counter"),
+]
+POOL_LABELS = ["worker", "kind", "image"]
+
+
+def pool_metrics(workers: list[WorkerInfo]) -> Iterator[Metric]:
+    """The warm pools of every live worker ("jobs", "sessions"), as their heartbeats said."""
+    pools = [
+        (worker.id, kind, figures)
+        for worker in workers
+        for kind, figures in sorted((worker.pools or {}).items())
+    ]
+    for figure, name, text, kind in POOL_PER_IMAGE:
+        family: GaugeMetricFamily | CounterMetricFamily = (
+            GaugeMetricFamily(name, text, labels=POOL_LABELS)
+            if kind == "gauge"
+            else CounterMetricFamily(name, text, labels=POOL_LABELS)
+        )
+        for worker_id, pool_kind, figures in pools:
+            for image, value in sorted(dict(figures.get(figure) or {}).items()):
+                family.add_metric([worker_id, pool_kind, image], float(value))
+        yield family
+    memory = GaugeMetricFamily(
+        "sandcell_pool_memory_bytes", "Memory the warm sandboxes hold", labels=POOL_LABELS[:2]
+    )
+    budget = GaugeMetricFamily(
+        "sandcell_pool_memory_limit_bytes", "The pool's memory bound", labels=POOL_LABELS[:2]
+    )
+    for worker_id, pool_kind, figures in pools:
+        memory.add_metric([worker_id, pool_kind], float(figures.get("memory_bytes", 0)))
+        budget.add_metric([worker_id, pool_kind], float(figures.get("memory_limit_bytes", 0)))
+    yield memory
+    yield budget
 
 
 def registry_for(store: Store) -> tuple[CollectorRegistry, Histogram]:

@@ -25,13 +25,14 @@ from sandcell.api.schemas import (
     SignedUrlOut,
 )
 from sandcell.api.views import artifact_out, file_out, iso, job_out, log_text
+from sandcell.api.waiting import JobEnd
 from sandcell.domain.records import InputRef, Job, SecretInfo
 from sandcell.domain.states import JobState
 from sandcell.services.jobs import Submission, body_fingerprint
 
 router = APIRouter(prefix="/v1")
-WAIT_STEP_S = 0.025
 MAX_WAIT_S = 60
+LOG_POLL_S = 0.2  # new log chunks are not notified; a job's end is
 
 
 def _job_out(svc: Svc, job: Job) -> JobOut:
@@ -141,13 +142,23 @@ async def get_job(
     ] = 0,
 ) -> JobOut:
     """The job record; with `wait`, answers as soon as the job is terminal (or wait runs out)."""
+    job = await to_thread.run_sync(svc.jobs.get, who, job_id)
+    if wait and not job.state.is_terminal:
+        job = await _until_terminal(svc, who, job, wait)
+    return await to_thread.run_sync(_job_out, svc, job)
+
+
+async def _until_terminal(svc: Svc, who: Caller, job: Job, wait: float) -> Job:
+    """Re-read the job when a notification says it ended (or every FALLBACK_S) until `wait`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    job = await to_thread.run_sync(svc.jobs.get, who, job_id)
-    while not job.state.is_terminal and loop.time() < deadline:
-        await asyncio.sleep(WAIT_STEP_S)
-        job = await to_thread.run_sync(svc.jobs.get, who, job_id)
-    return await to_thread.run_sync(_job_out, svc, job)
+    with JobEnd(svc.jobs.notifier, job.id) as end:
+        # Read again once listening: the job may have ended just before.
+        job = await to_thread.run_sync(svc.jobs.get, who, job.id)
+        while not job.state.is_terminal and (left := deadline - loop.time()) > 0:
+            await end.wait(left)
+            job = await to_thread.run_sync(svc.jobs.get, who, job.id)
+    return job
 
 
 @router.get(
@@ -171,18 +182,20 @@ def job_logs(svc: Svc, who: Caller, job_id: str, request: Request) -> Any:
 async def _log_events(svc: Svc, who: Any, job_id: str) -> AsyncIterator[str]:
     """Server-sent events: one `stdout`/`stderr` event per chunk, then `end` with the state."""
     seq = -1
-    while True:
-        job = await to_thread.run_sync(svc.jobs.get, who, job_id)
-        chunks = await to_thread.run_sync(svc.jobs.logs, who, job_id, seq)
-        for chunk in chunks:
-            seq = chunk.seq
-            data = json.dumps(log_text(chunk.data))
-            yield f"id: {chunk.seq}\nevent: {chunk.stream}\ndata: {data}\n\n"
-        if job.state.is_terminal and not chunks:
-            end = {"state": job.state.value, "reason": job.reason.value if job.reason else None}
-            yield f"event: end\ndata: {json.dumps(end)}\n\n"
-            return
-        await asyncio.sleep(0.2 if not chunks else 0)
+    with JobEnd(svc.jobs.notifier, job_id) as ended:
+        while True:
+            job = await to_thread.run_sync(svc.jobs.get, who, job_id)
+            chunks = await to_thread.run_sync(svc.jobs.logs, who, job_id, seq)
+            for chunk in chunks:
+                seq = chunk.seq
+                data = json.dumps(log_text(chunk.data))
+                yield f"id: {chunk.seq}\nevent: {chunk.stream}\ndata: {data}\n\n"
+            if job.state.is_terminal and not chunks:
+                end = {"state": job.state.value, "reason": job.reason.value if job.reason else None}
+                yield f"event: end\ndata: {json.dumps(end)}\n\n"
+                return
+            if not chunks:
+                await ended.wait(LOG_POLL_S)
 
 
 @router.post(

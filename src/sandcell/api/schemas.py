@@ -147,6 +147,7 @@ class JobOut(BaseModel):
     runtime: str | None
     runtime_version: str | None
     pooled: bool
+    sandbox_id: str | None  # the current or last attempt's sandbox (runsc container id)
     accepted_at: str
     started_at: str | None
     finished_at: str | None
@@ -320,6 +321,8 @@ class SessionOut(BaseModel):
     reason: str | None
     detail: str
     executions: int
+    pooled: bool = Field(description="its kernel was pre-started by a session pool")
+    sandbox_id: str | None = Field(description="the sandbox it runs in now, or ran in last")
 
 
 class SessionPage(BaseModel):

@@ -72,6 +72,8 @@ def session_out(session: Session) -> SessionOut:
         reason=session.reason,
         detail=session.detail,
         executions=session.executions,
+        pooled=session.pooled,
+        sandbox_id=session.sandbox_id,
     )
 
 

@@ -2,11 +2,8 @@
 
 import json
 import logging
-import os
 import signal
 import socket
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -16,18 +13,26 @@ from rich.console import Console
 from rich.table import Table
 
 from sandcell import __version__
-from sandcell.cli.client import client_app, run_command
+from sandcell.cli import workers
+from sandcell.cli.acceptance import acceptance
+from sandcell.cli.bench import bench_command
+from sandcell.cli.client import AsJson, client_app, run_command
 from sandcell.cli.session import session_app
+from sandcell.cli.supervise import STOPPED_ON_REQUEST, EmbeddedWorker
 from sandcell.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, help="sandcell: secure code-interpreter jobs in gVisor.")
 admin_app = typer.Typer(no_args_is_help=True, help="Tenants and API keys (on this host's store).")
 image_app = typer.Typer(no_args_is_help=True, help="Build and list approved images.")
 app.add_typer(admin_app, name="admin")
+admin_app.command("workers")(workers.list_workers)
+admin_app.command("drain-worker")(workers.drain_worker)
 app.add_typer(image_app, name="image")
 app.add_typer(client_app, name="jobs")
 app.add_typer(session_app, name="session")
 app.command("run")(run_command)
+app.command("bench")(bench_command)
+app.command("acceptance")(acceptance)
 console = Console()
 err = Console(stderr=True)
 
@@ -44,17 +49,31 @@ def _setup_logging(settings: Settings) -> None:
 
 
 @app.command()
-def version() -> None:
+def version(as_json: AsJson = False) -> None:
     """Print the version."""
-    console.print(__version__)
+    if as_json:
+        print(json.dumps({"version": __version__}))
+    else:
+        console.print(__version__)
 
 
 @app.command()
-def mcp() -> None:
-    """Serve MCP tools over stdio (SANDCELL_URL and SANDCELL_API_KEY from the environment)."""
+def mcp(
+    transport: Annotated[
+        str,
+        typer.Option(
+            help="stdio, or http (streamable HTTP at /mcp)", envvar="SANDCELL_MCP_TRANSPORT"
+        ),
+    ] = "stdio",
+    host: Annotated[str, typer.Option(help="http: address to bind")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="http: port", envvar="SANDCELL_MCP_PORT")] = 8765,
+) -> None:
+    """Serve MCP tools for agents (SANDCELL_URL and SANDCELL_API_KEY from the environment)."""
     from sandcell.mcp.server import serve as serve_mcp
 
-    serve_mcp()
+    if transport not in ("stdio", "http"):
+        raise typer.BadParameter("stdio or http", param_hint="--transport")
+    serve_mcp("stdio" if transport == "stdio" else "http", host, port)
 
 
 @app.command()
@@ -72,7 +91,7 @@ def serve(
     settings = _settings(port=port, host=host, data_dir=data_dir)
     _setup_logging(settings)
     api = build_api(settings)  # creates the schema before the worker starts
-    worker = None if no_worker else _spawn_worker(settings)
+    worker = None if no_worker else EmbeddedWorker(settings.data_dir)
     err.print(f"sandcell {__version__} on http://{settings.host}:{settings.port}")
     err.print(
         "API key: `sandcell admin create-tenant NAME` then `sandcell admin create-key --tenant ID`"
@@ -85,13 +104,7 @@ def serve(
         uvicorn.run(api, host=settings.host, port=settings.port, log_config=None)
     finally:
         if worker is not None:
-            worker.send_signal(signal.SIGTERM)
-            worker.wait(timeout=60)
-
-
-def _spawn_worker(settings: Settings) -> subprocess.Popen[bytes]:
-    env = os.environ | {"SANDCELL_DATA_DIR": str(settings.data_dir)}
-    return subprocess.Popen([sys.executable, "-m", "sandcell.cli.main", "worker"], env=env)
+            worker.close()
 
 
 @app.command()
@@ -110,7 +123,8 @@ def worker(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    the_worker.serve(stop)
+    if the_worker.serve(stop) is not None:  # an operator drained or stopped it
+        raise typer.Exit(STOPPED_ON_REQUEST)
 
 
 def _internal_listener(listen: str) -> tuple[socket.socket, str]:
@@ -180,14 +194,18 @@ def image_build(
 
 
 @image_app.command("list")
-def image_list() -> None:
+def image_list(as_json: AsJson = False) -> None:
     """List built images."""
     from sandcell.runtime.images import FilesystemImageCatalog
 
     catalog = FilesystemImageCatalog(_settings().image_dir)
+    images = [catalog.get(name) for name in catalog.names()]
+    if as_json:
+        rows = [{"name": i.name, "version": i.version, "digest": i.digest} for i in images]
+        print(json.dumps(rows))
+        return
     table = Table("name", "version", "digest")
-    for name in catalog.names():
-        image = catalog.get(name)
+    for image in images:
         table.add_row(image.name, image.version, image.digest)
     console.print(table)
 

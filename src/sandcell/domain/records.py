@@ -86,6 +86,10 @@ class Job:
     usage: dict[str, float] = field(default_factory=dict)
     attempts: list[dict[str, Any]] = field(default_factory=list)
     egress: list[dict[str, Any]] = field(default_factory=list)
+    pooled: bool = False  # the sandbox came from a warm pool (booted before the job)
+    # The sandbox (runsc container, cgroup, scratch dir) of the current or last attempt: a
+    # pooled job runs in the warm sandbox it took (`pool-<image>-<hex>`), not `<job>-<token>`.
+    sandbox_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,9 @@ class WorkerInfo:
     runtime_version: str
     started_at: float
     url: str | None = None  # the worker's session host, for API replicas
+    # The worker's warm pools as of its last report (see runtime/pool.py `figures`), by kind
+    # ("jobs", "sessions"); None when it has none. Read by /metrics in any process.
+    pools: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -34,4 +34,6 @@ class Session:
     reason: str | None = None  # why it stopped: "stopped", "idle_timeout", "ttl", "error"
     detail: str = ""
     executions: int = 0
+    pooled: bool = False  # its kernel was pre-started by a session pool (see session_pool.py)
+    sandbox_id: str | None = None  # the sandbox it runs in now, or ran in last
     extra: dict[str, Any] = field(default_factory=dict)

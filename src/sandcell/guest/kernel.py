@@ -14,6 +14,8 @@ Wire protocol, one JSON object per line. Host → kernel, on the sandbox's stdin
     {"id": str, "op": "http", "port": int, "request": base64, "timeout_s": float,
      "max_bytes": int}
     {"id": str, "op": "ping"}                    {"id": str, "op": "shutdown"}
+    {"id": str, "op": "preload", "modules": [str]}      a session pool's kernel, before its
+    {"id": str, "op": "environ", "set": {str: str}}     session: imports, then the session's env
 
 Kernel → host, on the sandbox's original stdout (moved to a private fd):
 
@@ -81,8 +83,8 @@ class Kernel:
 
     def dispatch(self, request: Message) -> None:
         op, request_id = request.get("op"), request.get("id")
-        if op == "execute" or op == "shutdown":
-            self.cells.put(request)
+        if op in ("execute", "shutdown", "preload", "environ"):
+            self.cells.put(request)  # on the main thread, between cells
         elif op == "ping":
             self.reply(request_id, {"pong": True, "busy": self.shell.current is not None})
         elif op == "http":
@@ -96,10 +98,31 @@ class Kernel:
 
     def serve(self) -> None:
         while (request := self.cells.get()) is not None:
-            if request.get("op") == "shutdown":
+            op = request.get("op")
+            if op == "shutdown":
                 self.reply(request.get("id"), {"bye": True})
                 return
-            self.reply(request.get("id"), self.execute(request))
+            handler = {"preload": self.preload, "environ": self.environ}.get(str(op))
+            self.reply(request.get("id"), (handler or self.execute)(request))
+
+    def preload(self, request: Message) -> dict[str, Any]:
+        """Import modules ahead of any cell: into sys.modules, not the user's namespace."""
+        failed = []
+        for name in request.get("modules") or []:
+            try:
+                importlib.import_module(str(name))
+            except Exception:
+                failed.append(str(name))
+        # IPython's first cell pays for its own lazy set-up (~10 ms): paid here, unseen (no
+        # current cell takes its output) and uncounted (no history, no execution count).
+        self.shell.run_cell("None", store_history=False)
+        return {"failed": failed}
+
+    def environ(self, request: Message) -> dict[str, Any]:
+        """The environment of the session this pooled kernel now serves (its children's too)."""
+        values = request.get("set") or {}
+        os.environ.update({str(name): str(value) for name, value in values.items()})
+        return {"set": sorted(values)}
 
     def execute(self, request: Message) -> dict[str, Any]:
         limit = request.get("output_limit")

@@ -7,7 +7,7 @@ processes) and releases all of it before `run` returns.
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol, runtime_checkable
 
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
@@ -54,6 +54,26 @@ class SandboxSink(Protocol):
         """A regular file the program left in /output (path relative to /output)."""
 
 
+@runtime_checkable
+class PoolReporter(Protocol):
+    """A runtime (or session host) with warm pools; the worker's heartbeat publishes these.
+
+    Figures, JSON-safe: {"ready": {image: n}, "target": {image: n}, "memory_bytes": int,
+    "memory_limit_bytes": int, "hits": {image: n}, "misses": {image: n},
+    "refused": {image: n}, "shrunk": int, "boot_failures": int}.
+    """
+
+    def pool_figures(self) -> dict[str, Any]: ...
+
+
+@runtime_checkable
+class PlacedSink(Protocol):
+    """A sink that wants to know when its sandbox is not `spec.sandbox_id` (a warm one)."""
+
+    def placed(self, sandbox_id: str) -> None:
+        """The program will run in `sandbox_id`; called before `ready`."""
+
+
 @dataclass
 class SandboxResult:
     exit_code: int | None
@@ -61,6 +81,14 @@ class SandboxResult:
     detail: str = ""
     usage: dict[str, float] = field(default_factory=dict)
     released: bool = False  # every process gone and every host resource removed, verified
+    pooled: bool = False  # ran in a warm sandbox booted before the job (see runtime/pool.py)
+
+
+@runtime_checkable
+class Closeable(Protocol):
+    """A runtime that holds something between runs (a warm pool): the worker closes it."""
+
+    def close(self) -> None: ...
 
 
 class Runtime(Protocol):

@@ -71,3 +71,15 @@ class SessionRuntime(Protocol):
 
     def resume(self, spec: SessionSpec) -> SessionSandbox:
         """Start again from spec.state_dir: from the memory checkpoint if one is there."""
+
+
+class SessionPool(Protocol):
+    """Kernels started before their session: `take` hands one over, or None (start cold)."""
+
+    def take(self, spec: SessionSpec) -> SessionSandbox | None: ...
+
+    def pool_figures(self) -> dict[str, Any]:
+        """For the worker's heartbeat; the shape of ports.runtime.PoolReporter."""
+
+    def close(self) -> None:
+        """Stop refilling and destroy every kernel not handed over."""

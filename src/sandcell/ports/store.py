@@ -16,6 +16,7 @@ from sandcell.domain.records import (
 )
 from sandcell.domain.sessions import Session, SessionState
 from sandcell.domain.states import JobState, Reason
+from sandcell.domain.workers import StopMode, WorkerStatus
 
 
 class Store(Protocol):
@@ -58,7 +59,11 @@ class Store(Protocol):
         """Extend the lease; False when the lease is lost. Also reports cancel requests."""
 
     def cancel_requested(self, job_id: str) -> bool: ...
-    def mark_started(self, job_id: str, token: int, at: float, image_digest: str) -> None: ...
+    def mark_started(
+        self, job_id: str, token: int, at: float, image_digest: str, sandbox_id: str
+    ) -> None:
+        """The job's program is about to run in `sandbox_id`."""
+
     def append_log(self, job_id: str, token: int, stream: str, data: bytes) -> None: ...
     def add_artifact(self, artifact: Artifact, token: int) -> None: ...
     def finish_job(self, job: Job, token: int) -> None:
@@ -85,6 +90,13 @@ class Store(Protocol):
     def worker_seen(self, worker: WorkerInfo, at: float) -> None: ...
     def worker_stopped(self, worker_id: str, at: float) -> None: ...
     def live_workers(self, seen_since: float) -> list[WorkerInfo]: ...
+    def request_worker_stop(self, worker_id: str, mode: StopMode, at: float) -> None:
+        """Ask a worker to drain or stop; NotFound, or Conflict once it stopped."""
+
+    def worker_stop_request(self, worker_id: str) -> StopMode | None: ...
+    def list_workers(
+        self, include_stopped: bool, limit: int, worker_id: str | None = None
+    ) -> list[WorkerStatus]: ...
     def storage_bytes(self, tenant_id: str) -> int: ...
 
     # secrets: ciphertext only

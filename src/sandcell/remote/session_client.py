@@ -29,7 +29,12 @@ ERRORS: dict[int, type[e.SandcellError]] = {
 
 class HttpSessionHost:
     def __init__(self, url: str, token: str, timeout_s: float = 60.0) -> None:
-        self._http = httpx.Client(base_url=url, headers={TOKEN_HEADER: token}, timeout=timeout_s)
+        # NODELAY: httpx writes a request's headers and body separately; with Nagle on, the
+        # body waits for the ACK of the headers, which the worker delays.
+        transport = httpx.HTTPTransport(socket_options=[NODELAY])
+        self._http = httpx.Client(
+            base_url=url, headers={TOKEN_HEADER: token}, timeout=timeout_s, transport=transport
+        )
 
     def _call(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         try:

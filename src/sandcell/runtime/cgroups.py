@@ -73,6 +73,19 @@ class SandboxCgroup:
         self.set_cpus(limits.cpus)
         self._write("pids", "pids.max", limits.pids_max)
 
+    def set_memory(self, memory_bytes: int) -> None:
+        """Change the memory limit (a warm sandbox's, at hand-over); OSError if refused."""
+        limit, memsw = "memory.limit_in_bytes", "memory.memsw.limit_in_bytes"
+        # memsw must stay >= the limit: lower the limit first, raise memsw first.
+        lower = memory_bytes < int(_read(self.dir("memory") / limit) or 0)
+        for name in [limit, memsw] if lower else [memsw, limit]:
+            if name == limit or (self.dir("memory") / memsw).exists():
+                self._write("memory", name, memory_bytes)
+
+    def set_shares(self, shares: int) -> None:
+        """The cgroup's weight when CPUs are contended (1024: an ordinary sandbox's)."""
+        self._write("cpu", "cpu.shares", shares)
+
     def set_cpus(self, cpus: float) -> None:
         self._write("cpu", "cpu.cfs_quota_us", max(1000, int(cpus * CPU_PERIOD_US)))
 

@@ -90,11 +90,16 @@ class Scratch:
         """Fill a claimed scratch root: bundle dir, /job, /input and the mounted disk."""
         for path in (self.bundle, self.job, self.input, self.disk):
             path.mkdir(mode=0o755)
+        self.fill(code, inputs)
+        self._make_disk(disk_mb)
+
+    def fill(self, code: bytes | None, inputs: list[InputFile]) -> None:
+        """The code at /job/main.py and the inputs under /input (a warm sandbox: at hand-over;
+        runsc's gofer shows files added to a bind mount after the sandbox started)."""
         if code is not None:
             _write_readable(self.job / "main.py", code)
         for item in inputs:
             _copy_input(item, self.input)
-        self._make_disk(disk_mb)
 
     def restore_outputs(self, items: list[InputFile], owner: int) -> None:
         """Put committed stage files back under /output (a retry), owned by the guest's uid.

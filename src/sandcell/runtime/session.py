@@ -49,6 +49,7 @@ KERNEL_TASKS = 16
 # ours: the cgroup gets it on top of the tenant's memory_mb and gVisor's own overhead.
 KERNEL_MEMORY_MB = 32
 KERNEL_ENV_DEFAULTS = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+CPU_SHARES = "cpu_shares"  # SessionSpec.extra: the cgroup's cpu.shares, if not the default
 
 
 class GVisorSessionRuntime:
@@ -167,4 +168,6 @@ def _prepare(parts: SessionParts, overhead_mb: int) -> SandboxSpec:
     write_config(config, parts.scratch.bundle)
     overhead_mb += KERNEL_MEMORY_MB
     parts.cgroup.create(cgroup_limits(limits, overhead_mb, spec.egress is not None))
+    if CPU_SHARES in spec.extra:  # a session pool's kernel boots yielding to live sessions
+        parts.cgroup.set_shares(int(spec.extra[CPU_SHARES]))
     return sandbox_spec

@@ -10,6 +10,7 @@ restart of the server; only the mount and the per-sandbox directory go with the 
 
 import os
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +29,10 @@ VOLUME_NAME = "workspace.img"
 # ext4's journal, and it is checked (`e2fsck -p`, which only makes safe repairs) before mounts.
 MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-E", "nodiscard")
 COMMAND_TIMEOUT_S = 60
+# The volume's loop device clears itself once the last mount of it goes, including the copies
+# in the sandbox's own mount namespaces, which the kernel tears down a little after runsc's
+# processes exit (on a busy host, up to a second or two after our umount).
+LOOP_CLEAR_WAIT_S = 5.0
 
 
 @dataclass
@@ -57,6 +62,12 @@ class SessionScratch(Scratch):
         for path in (self.workspace, self.output):
             path.mkdir(mode=0o755, exist_ok=True)
             os.chown(path, GUEST_UID, GUEST_UID)
+
+    def leftovers(self) -> list[str]:
+        deadline = time.monotonic() + LOOP_CLEAR_WAIT_S
+        while not self.is_mounted() and self._owns_loop() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return super().leftovers()
 
 
 def _format(volume: Path, disk_mb: int) -> None:

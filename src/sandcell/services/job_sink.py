@@ -1,12 +1,13 @@
 """JobSink: where a running sandbox's output goes — log chunks and artifacts in the store."""
 
+import contextlib
 import errno
 import threading
 import time
 from collections.abc import Callable
 from typing import BinaryIO, TypeVar
 
-from sandcell.domain.errors import StorageFull
+from sandcell.domain.errors import SandcellError, StorageFull
 from sandcell.domain.ids import new_id
 from sandcell.domain.paths import safe_relative_path
 from sandcell.domain.records import Artifact, Job
@@ -23,9 +24,17 @@ class JobSink:
     """Receives a sandbox's output and turns it into log chunks and artifacts."""
 
     def __init__(
-        self, store: Store, blobs: BlobStore, job: Job, token: int, *, patience_s: float = 0.0
+        self,
+        store: Store,
+        blobs: BlobStore,
+        job: Job,
+        token: int,
+        sandbox_id: str,
+        *,
+        patience_s: float = 0.0,
     ) -> None:
         self.store, self.blobs, self.job, self.token = store, blobs, job, token
+        self.sandbox_id = sandbox_id  # the spec's, until a pooled runtime says `placed`
         # How long a write may wait out a store outage; the sandbox's pipes just fill meanwhile.
         # A repeat after a lost answer can at worst duplicate a log chunk or an artifact row.
         self.patience_s = patience_s
@@ -36,6 +45,7 @@ class JobSink:
         self._pending: list[tuple[str, bytearray]] = []
         self._pending_bytes = 0
         self._flushed_at = time.monotonic()
+        self._timer: threading.Timer | None = None
 
     def _staged(self) -> set[tuple[str, str]]:
         # /output is collected after the program exited, so every stage is committed by the
@@ -47,10 +57,15 @@ class JobSink:
             }
         return self._staged_files
 
+    def placed(self, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+
     def ready(self) -> None:
         at = self.started_at = time.time()
-        digest = self._digest()
-        self._patiently(lambda: self.store.mark_started(self.job.id, self.token, at, digest))
+        digest, sandbox_id = self._digest(), self.sandbox_id
+        self._patiently(
+            lambda: self.store.mark_started(self.job.id, self.token, at, digest, sandbox_id)
+        )
 
     def _digest(self) -> str:
         return self.job.image_digest or ""
@@ -65,12 +80,25 @@ class JobSink:
             due = time.monotonic() - self._flushed_at > LOG_FLUSH_S
             if self._pending_bytes >= LOG_FLUSH_BYTES or due:
                 self._flush_locked()
+            elif self._timer is None:
+                # Output that no more output follows (a last line before a long wait) must not
+                # wait for the job's end to become readable.
+                self._timer = threading.Timer(LOG_FLUSH_S, self._flush_later)
+                self._timer.daemon = True
+                self._timer.start()
 
     def flush(self) -> None:
         with self._lock:
             self._flush_locked()
 
+    def _flush_later(self) -> None:
+        with self._lock, contextlib.suppress(SandcellError):  # the final flush() reports it
+            self._flush_locked()
+
     def _flush_locked(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for stream, data in self._pending:
             self._append_log(stream, bytes(data))
         self._pending, self._pending_bytes = [], 0

@@ -20,6 +20,7 @@ from sandcell.domain.records import InputRef, Job, JobSpec, LogChunk, Tenant
 from sandcell.domain.states import JobState
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.images import ImageCatalog
+from sandcell.ports.notify import JOB_DONE, JOB_QUEUED, LocalNotifier, Notifier
 from sandcell.ports.secrets import NetworkValidator
 from sandcell.ports.store import Store
 from sandcell.services.audit import AuditLog
@@ -80,8 +81,11 @@ class JobService:
         images: ImageCatalog,
         policy: JobPolicy,
         network: NetworkValidator | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.store = store
+        # Wakes workers on submit and `?wait=` callers on a job's end; in-process by default.
+        self.notifier: Notifier = notifier or LocalNotifier()
         self.blobs = blobs
         self.images = images
         self.policy = policy
@@ -110,6 +114,8 @@ class JobService:
         )
         admission = Admission(self.policy.quotas_for(tenant), now)
         stored = self.store.add_job(job, idempotency, admission)
+        if stored.id == job.id:
+            self.notifier.notify(JOB_QUEUED, job.id)
         return stored, stored.id == job.id
 
     def quotas(self, who: Principal) -> Quotas:
@@ -171,6 +177,8 @@ class JobService:
         job = self.store.request_cancel(who.tenant(), job_id, time.time())
         if job is None:
             raise NotFound("no such job")
+        if job.state.is_terminal:  # an accepted job is cancelled at once
+            self.notifier.notify(JOB_DONE, job.id)
         self.audit.record("job.cancel", actor=who.key_id, tenant_id=job.tenant_id, target=job.id)
         return job
 

@@ -20,6 +20,7 @@ from sandcell.ports.session_hosts import HttpReply, StreamItem
 from sandcell.ports.sessions import (
     CellEvent,
     CellResult,
+    SessionPool,
     SessionRuntime,
     SessionSandbox,
     SessionSpec,
@@ -52,10 +53,11 @@ class LocalSessionHost:
         worker_id: str,
         egress: Egress | None = None,
         secrets: SecretService | None = None,
+        pool: SessionPool | None = None,
     ) -> None:
         self.store, self.runtime, self.images = store, runtime, images
         self.state_root, self.worker_id = state_root, worker_id
-        self.egress, self.secrets = egress, secrets
+        self.egress, self.secrets, self.pool = egress, secrets, pool
         self._live: dict[str, LiveSession] = {}
         self._lock = threading.Lock()
 
@@ -72,9 +74,13 @@ class LocalSessionHost:
     def _launch(self, session: Session, resume: bool) -> None:
         image = self.images.get(session.spec["image"])
         egress = self._egress_for(session, image)
+        pooled: dict[str, bool] = {}  # set once, at the start: a resume is never from a pool
         try:
             spec = self._spec(session, image, egress)
-            sandbox = self.runtime.resume(spec) if resume else self.runtime.start(spec)
+            if resume:
+                sandbox = self.runtime.resume(spec)
+            else:
+                sandbox, pooled["pooled"] = self._start(spec)
         except Exception as exc:
             if egress is not None:
                 egress.close()
@@ -95,7 +101,22 @@ class LocalSessionHost:
             worker_id=self.worker_id,
             last_used_at=time.time(),
             paused_at=None,
+            sandbox_id=sandbox.sandbox_id,
+            **pooled,
         )
+
+    def _start(self, spec: SessionSpec) -> tuple[SessionSandbox, bool]:
+        """A pooled kernel if one fits (True), else a cold start (False)."""
+        taken = self.pool.take(spec) if self.pool is not None else None
+        return (taken, True) if taken is not None else (self.runtime.start(spec), False)
+
+    def pool_figures(self) -> dict[str, Any]:
+        return self.pool.pool_figures() if self.pool is not None else {}
+
+    def close(self) -> None:
+        """The worker is ending: its pooled kernels go (live sessions were paused first)."""
+        if self.pool is not None:
+            self.pool.close()
 
     def _spec(self, session: Session, image: Image, egress: EgressSession | None) -> SessionSpec:
         env = BASE_ENV | {"SANDCELL_SESSION_ID": session.id} | session.spec.get("env", {})

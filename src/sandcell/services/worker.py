@@ -6,6 +6,7 @@ lease (paused, partitioned) cannot overwrite what its successor decided.
 
 import contextlib
 import logging
+import math
 import socket
 import threading
 import time
@@ -14,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sandcell.domain.errors import (
     ImageUnavailable,
@@ -27,15 +28,18 @@ from sandcell.domain.ids import new_id
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits, out_of_range
 from sandcell.domain.records import Job, WorkerInfo
-from sandcell.domain.redaction import REDACTOR
 from sandcell.domain.states import JobState, Reason
+from sandcell.domain.workers import StopMode
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.egress import Egress, EgressSession
 from sandcell.ports.images import ImageCatalog
+from sandcell.ports.notify import JOB_DONE, JOB_QUEUED, LocalNotifier, Notifier, wake_on
 from sandcell.ports.runtime import (
+    Closeable,
     GuestChannelHandle,
     GuestChannels,
     InputFile,
+    PoolReporter,
     Runtime,
     SandboxResult,
     SandboxSpec,
@@ -65,7 +69,8 @@ class WorkerConfig:
     slots: int = 2
     lease_s: float = 15.0
     heartbeat_s: float = 2.0
-    poll_s: float = 0.05
+    poll_s: float = 1.0  # the fallback claim poll; a submit wakes the worker through notifications
+    housekeeping_s: float = 1.0  # expiries, lost jobs, session reaping, the worker's heartbeat
     idempotency_ttl_s: float = 48 * 3600
     drain_s: float = 30.0
     url: str | None = None  # this worker's internal session endpoint, if it hosts sessions
@@ -91,9 +96,12 @@ class Worker:
         secrets: SecretService | None = None,
         sessions: SessionKeeper | None = None,
         channels: GuestChannels | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.store, self.blobs, self.runtime, self.images = store, blobs, runtime, images
         self.config = config
+        self.notifier: Notifier = notifier or LocalNotifier()
+        self._wake = threading.Event()  # a job was queued, a slot freed, or stop was asked
         self.egress, self.secrets, self.sessions = egress, secrets, sessions
         self.channels = channels
         self._running = 0
@@ -101,9 +109,11 @@ class Worker:
         self._cancels: dict[str, threading.Event] = {}
         self._shutdown = threading.Event()
         self._next_housekeeping = 0.0
+        self.stop_mode: StopMode | None = None  # an operator's drain/stop request, once read
 
-    def serve(self, stop: threading.Event) -> None:
-        """Claim and run jobs until `stop` is set; then let running jobs finish."""
+    def serve(self, stop: threading.Event) -> StopMode | None:
+        """Claim and run jobs until `stop` is set or an operator asks to drain or stop; then let
+        running jobs finish. Returns the operator's request, if that is what ended it."""
         reaped = self.runtime.reap()
         reaped += self.channels.reap() if self.channels is not None else []
         reaped += self.egress.reap() if self.egress is not None else []
@@ -117,17 +127,26 @@ class Worker:
             time.time(),
             self.config.url,
         )
+        unlisten = wake_on(self.notifier, JOB_QUEUED, self._wake)
+        stopping = threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True)
+        stopping.start()
         try:
             self._claim_loop(stop, info)
         finally:
+            unlisten()
             if self.sessions is not None:
                 self.sessions.pause_all()  # checkpointed sessions resume after a restart
+            if isinstance(self.sessions, Closeable):
+                self.sessions.close()  # its pooled kernels, never handed to a session
+            if isinstance(self.runtime, Closeable):
+                self.runtime.close()  # its warm sandboxes: destroyed, never left running
             self.store.worker_stopped(info.id, time.time())
+        return self.stop_mode
 
     def _claim_loop(self, stop: threading.Event, info: WorkerInfo) -> None:
         with ThreadPoolExecutor(self.config.slots, thread_name_prefix="job") as pool:
             backoff = 0.0
-            while not stop.is_set():
+            while not stop.is_set() and self.stop_mode is None:
                 try:
                     job = self._tick(info)
                 except StoreUnavailable as exc:
@@ -138,28 +157,70 @@ class Worker:
                     continue
                 backoff = 0.0
                 if job is None:
-                    stop.wait(self.config.poll_s)
+                    self._idle()
                     continue
                 pool.submit(self._run_guarded, job)
-            self._drain()
+            self._drain(info)
+
+    def _idle(self) -> None:
+        """Sleep until a notification, the fallback poll or the next housekeeping, if sooner."""
+        housekeeping = self._next_housekeeping - time.monotonic()
+        self._wake.wait(max(0.0, min(self.config.poll_s, housekeeping)))
+
+    def _wake_on_stop(self, stop: threading.Event) -> None:
+        stop.wait()
+        self._wake.set()
 
     def _tick(self, info: WorkerInfo) -> Job | None:
-        """Housekeeping about once a second; then a claim, if a slot is free."""
+        """Housekeeping every `housekeeping_s`; then a claim, if a slot is free."""
+        self._wake.clear()  # before the claim: a submit from now on wakes the next wait
         if time.monotonic() >= self._next_housekeeping:
-            self.store.worker_seen(info, time.time())
+            self.store.worker_seen(self._with_pools(info), time.time())
+            self._read_stop_request(info.id)
             self.housekeeping()
-            self._next_housekeeping = time.monotonic() + 1.0
-        return self._claim() if self._free_slot() else None
+            self._next_housekeeping = time.monotonic() + self.config.housekeeping_s
+        return self._claim() if self._free_slot() and self.stop_mode is None else None
 
-    def _drain(self) -> None:
-        """Graceful stop: running jobs get `drain_s` to finish, then their sandboxes are stopped."""
-        deadline = time.monotonic() + self.config.drain_s
-        while not self._free_all() and time.monotonic() < deadline:
+    def _drain(self, info: WorkerInfo) -> None:
+        """Graceful stop: running jobs get their time (`_drain_budget`), then their sandboxes
+        are stopped and their jobs handed back (re-queued if they have attempts left)."""
+        began = time.monotonic()
+        while not self._free_all() and time.monotonic() - began < self._drain_budget():
             time.sleep(0.1)
+            self._report_while_draining(info)
         self._shutdown.set()
         with self._lock:
             for cancel in self._cancels.values():
                 cancel.set()
+
+    def _drain_budget(self) -> float:
+        """A signal: `drain_s`; an operator's drain: as long as the jobs take; a stop: none."""
+        if self.stop_mode is StopMode.STOP:
+            return 0.0
+        return math.inf if self.stop_mode is StopMode.DRAIN else self.config.drain_s
+
+    def _read_stop_request(self, worker_id: str) -> None:
+        mode = self.store.worker_stop_request(worker_id)
+        if mode is not None and mode is not self.stop_mode:
+            log.warning("worker %s: an operator asked it to %s", worker_id, mode)
+            self.stop_mode = mode
+
+    def _report_while_draining(self, info: WorkerInfo) -> None:
+        """Still seen, and still listening for a stop, while its jobs finish."""
+        if time.monotonic() < self._next_housekeeping:
+            return
+        self._next_housekeeping = time.monotonic() + 1.0
+        with contextlib.suppress(StoreUnavailable):
+            self.store.worker_seen(self._with_pools(info), time.time())
+            self._read_stop_request(info.id)
+
+    def _with_pools(self, info: WorkerInfo) -> WorkerInfo:
+        """The heartbeat carries the warm pools' figures, for /metrics in any process."""
+        pools: dict[str, Any] = {}
+        for kind, source in (("jobs", self.runtime), ("sessions", self.sessions)):
+            if isinstance(source, PoolReporter) and (figures := source.pool_figures()):
+                pools[kind] = figures
+        return replace(info, pools=pools or None)
 
     def _free_all(self) -> bool:
         with self._lock:
@@ -181,8 +242,10 @@ class Worker:
         self.store.purge_idempotency_keys(now - self.config.idempotency_ttl_s)
         for job_id in self.store.expire_unstarted(now):
             log.info("job %s expired before it started", job_id)
+            self.notifier.notify(JOB_DONE, job_id)
         for job_id in self.store.fail_lost_jobs(now):
             log.warning("job %s lost its worker", job_id)
+            self.notifier.notify(JOB_DONE, job_id)
         live = [w.id for w in self.store.live_workers(now - self.config.lease_s)]
         for session_id in self.store.fail_orphan_sessions(live, now):
             log.warning("session %s lost its worker", session_id)
@@ -200,9 +263,11 @@ class Worker:
         finally:
             with self._lock:
                 self._running -= 1
+            self._wake.set()  # a slot is free: claim again now, not at the next poll
 
     def _fail_internal(self, job: Job) -> None:
         self.store.fail_job(job.id, Reason.INTERNAL, "internal error in the worker", time.time())
+        self.notifier.notify(JOB_DONE, job.id)
 
     def run_job(self, job: Job) -> None:
         token = job.fencing_token
@@ -240,7 +305,9 @@ class Worker:
 
     def _supervised(self, job: Job, token: int, spec: SandboxSpec) -> tuple[SandboxResult, JobSink]:
         """Run the sandbox with a heartbeat that renews the lease and relays cancel requests."""
-        sink = JobSink(self.store, self.blobs, job, token, patience_s=self.config.lease_s)
+        sink = JobSink(
+            self.store, self.blobs, job, token, spec.sandbox_id, patience_s=self.config.lease_s
+        )
         cancel = threading.Event()
         with self._lock:
             self._cancels[job.id] = cancel
@@ -262,6 +329,8 @@ class Worker:
             # Not the caller's cancel: the job is settled as if its worker were lost, so a
             # job with attempts left runs again elsewhere.
             self._patiently(lambda: self.store.release_job(job.id, token, time.time()))
+            self.notifier.notify(JOB_QUEUED, job.id)  # re-queued, or ended worker_lost
+            self.notifier.notify(JOB_DONE, job.id)
             return
         self._finish(job, token, sink, result)
 
@@ -301,15 +370,11 @@ class Worker:
             yield None
             return
         bindings = secret_bindings(self.secrets, job.tenant_id, job.spec.secrets)
-        for binding in bindings:
-            REDACTOR.add(binding.value, str(binding.spec["name"]))
         session = self.egress.open(f"{job.id}-{token}", allow, bindings, image_ca_bundle(image))
         try:
-            yield session
+            yield session  # its secret values are masked in logs while it is open
         finally:
             session.close()
-            for binding in bindings:
-                REDACTOR.discard(binding.value)
 
     def _stopped_by_shutdown(self, job: Job) -> bool:
         return self._shutdown.is_set() and not self.store.cancel_requested(job.id)
@@ -371,11 +436,15 @@ class Worker:
         job.started_at = sink.started_at if sink else None
         job.finished_at = now
         job.usage = dict(result.usage)
+        job.pooled = result.pooled
+        job.sandbox_id = sink.sandbox_id if sink else None
+        job.usage["released"] = float(result.released)  # every process gone, verified (1.0)
         if sink and sink.skipped_outputs:
             job.usage["skipped_outputs"] = sink.skipped_outputs
         job.attempts = [*job.attempts, self._attempt(job, token, now)]
         # Fenced: if a lost answer hid a commit, the repeat is refused (StaleLease), not applied.
         self._patiently(lambda: self.store.finish_job(job, token))
+        self.notifier.notify(JOB_DONE, job.id)
 
     def _attempt(self, job: Job, token: int, now: float) -> dict[str, object]:
         return {
@@ -386,6 +455,7 @@ class Worker:
             "finished_at": now,
             "state": job.state.value,
             "reason": job.reason.value if job.reason else None,
+            "sandbox_id": job.sandbox_id,  # which sandbox ran it: pooled or `<job>-<token>`
         }
 
 

@@ -76,6 +76,8 @@ jobs = Table(
     Column("usage", JSON, nullable=False),
     Column("attempts", JSON, nullable=False),
     Column("egress", JSON),
+    Column("pooled", Boolean, nullable=False, default=False),  # ran in a warm-pool sandbox
+    Column("sandbox_id", String(128)),  # the current or last attempt's sandbox
     Index("jobs_queue", "state", "accepted_at"),
     Index("jobs_by_tenant", "tenant_id", "accepted_at", "id"),
 )
@@ -124,6 +126,9 @@ workers = Table(
     Column("seen_at", Float, nullable=False),
     Column("stopped_at", Float),
     Column("url", String(255)),  # where API replicas reach this worker's session host
+    Column("stop_mode", String(16)),  # an operator's drain/stop request, read by the worker
+    Column("stop_requested_at", Float),
+    Column("pools", JSON),  # the worker's warm-pool figures, refreshed with its heartbeat
 )
 
 rate_buckets = Table(
@@ -177,6 +182,8 @@ sessions = Table(
     Column("reason", String(32)),
     Column("detail", Text, nullable=False, default=""),
     Column("executions", Integer, nullable=False, default=0),
+    Column("pooled", Boolean, nullable=False, default=False),  # its kernel came from a pool
+    Column("sandbox_id", String(128)),  # the sandbox it runs in now (or ran in last)
     Index("sessions_by_tenant", "tenant_id", "created_at"),
     Index("sessions_by_state", "state"),
 )

@@ -50,6 +50,8 @@ from sandcell.domain.records import (
 )
 from sandcell.domain.sessions import Session, SessionState
 from sandcell.domain.states import JobState, Reason
+from sandcell.domain.workers import StopMode, WorkerStatus
+from sandcell.store import worker_control
 from sandcell.store.migrate import migrate
 from sandcell.store.schema import (
     api_keys,
@@ -142,6 +144,8 @@ def _job_from_row(row: Any) -> Job:
         usage=m["usage"] or {},
         attempts=m["attempts"] or [],
         egress=m["egress"] or [],
+        pooled=bool(m["pooled"]),
+        sandbox_id=m["sandbox_id"],
     )
 
 
@@ -172,6 +176,7 @@ def _after_lost_worker(job: Job, now: float) -> dict[str, Any]:
         "finished_at": now,
         "state": JobState.FAILED.value,
         "reason": Reason.WORKER_LOST.value,
+        "sandbox_id": job.sandbox_id,  # None if it never got as far as its ready line
     }
     attempts = [*job.attempts, attempt]
     values: dict[str, Any] = {"attempts": attempts, "fencing_token": job.fencing_token + 1}
@@ -181,6 +186,7 @@ def _after_lost_worker(job: Job, now: float) -> dict[str, Any]:
             "worker_id": None,
             "lease_expires_at": None,
             "started_at": None,
+            "sandbox_id": None,
         }
     return values | {
         "state": JobState.FAILED.value,
@@ -525,12 +531,14 @@ class SqlStore:
             ).scalar()
         return at is not None
 
-    def mark_started(self, job_id: str, token: int, at: float, image_digest: str) -> None:
+    def mark_started(
+        self, job_id: str, token: int, at: float, image_digest: str, sandbox_id: str
+    ) -> None:
         with self._tx() as conn:
             result = conn.execute(
                 update(jobs)
                 .where(self._owned(job_id, token))
-                .values(started_at=at, image_digest=image_digest)
+                .values(started_at=at, image_digest=image_digest, sandbox_id=sandbox_id)
             )
         if result.rowcount != 1:
             raise StaleLease()
@@ -563,6 +571,8 @@ class SqlStore:
             "usage": job.usage,
             "attempts": job.attempts,
             "egress": job.egress,
+            "pooled": job.pooled,
+            "sandbox_id": job.sandbox_id,
             "lease_expires_at": None,
         }
         with self._tx() as conn:
@@ -663,7 +673,9 @@ class SqlStore:
     def worker_seen(self, worker: WorkerInfo, at: float) -> None:
         with self._tx() as conn:
             result = conn.execute(
-                update(workers).where(workers.c.id == worker.id).values(seen_at=at, url=worker.url)
+                update(workers)
+                .where(workers.c.id == worker.id)
+                .values(seen_at=at, url=worker.url, pools=worker.pools)
             )
             if result.rowcount == 0:
                 conn.execute(insert(workers).values(**asdict(worker), seen_at=at))
@@ -678,9 +690,23 @@ class SqlStore:
         )
         with self._read() as conn:
             return [
-                WorkerInfo(r.id, r.host, r.runtime, r.runtime_version, r.started_at, r.url)
+                WorkerInfo(r.id, r.host, r.runtime, r.runtime_version, r.started_at, r.url, r.pools)
                 for r in conn.execute(query)
             ]
+
+    def request_worker_stop(self, worker_id: str, mode: StopMode, at: float) -> None:
+        with self._tx() as conn:
+            worker_control.request_stop(conn, worker_id, mode, at)
+
+    def worker_stop_request(self, worker_id: str) -> StopMode | None:
+        with self._read() as conn:
+            return worker_control.stop_request(conn, worker_id)
+
+    def list_workers(
+        self, include_stopped: bool, limit: int, worker_id: str | None = None
+    ) -> list[WorkerStatus]:
+        with self._read() as conn:
+            return worker_control.list_workers(conn, include_stopped, limit, worker_id)
 
     def storage_bytes(self, tenant_id: str) -> int:
         with self._read() as conn:

@@ -1,0 +1,136 @@
+"""The pool runner: a job's interpreter, started before the job exists (stdlib only).
+
+A warm pool (sandcell.runtime.pool) boots a sandbox whose program is this runner:
+
+    /usr/bin/python3.11 -c "import sys; sys.path.insert(0, '/opt'); ..." MODULE...
+
+with this directory mounted read-only at /opt/sandcell. It imports the image's heavy modules
+(the MODULE arguments, e.g. pandas), says so on stdout with one line
+
+    \\x1esandcell-warm {"failed": [...]}\\n
+
+and blocks reading one line from stdin: the job, {"argv": [...], "env": {...}, "cwd": str}.
+By then the host has put the code at /job/main.py and the inputs under /input. The runner
+turns itself into what `python /job/main.py` would have been (environment, cwd, argv,
+sys.path, stdin at EOF), prints the ready line the runtime times the job from, and runs the
+code as `__main__` in this same process. The sandbox is destroyed after this one job.
+
+Before the job, stdout and stderr go to /dev/null: nothing the imports say becomes the job's.
+"""
+
+import builtins
+import contextlib
+import importlib
+import importlib.machinery
+import io
+import json
+import os
+import signal
+import sys
+import types
+from typing import Any
+
+WARM_MARKER = b"\x1esandcell-warm "
+READY_MARKER = b"\x1esandcell-ready\n"  # the same line the bundle's shell wrapper prints
+MAIN = "/job/main.py"
+MAX_JOB_LINE = 1 << 20
+RUNNER_MODULES = ("sandcell", "sandcell.pool_runner")
+
+
+def preload(modules: list[str]) -> list[str]:
+    """Import `modules`; return the ones that failed (the pool reports them, jobs go on)."""
+    failed = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # a broken import is the image's problem, not the job's
+            failed.append(name)
+    return failed
+
+
+def read_job(fd: int) -> dict[str, Any] | None:
+    """One JSON line from `fd`; None if the host closed it first (the pool shrank)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(fd, 65536)
+        if not chunk or len(data) > MAX_JOB_LINE:
+            return None
+        data += chunk
+    job = json.loads(data)
+    return job if isinstance(job, dict) else None
+
+
+def become(job: dict[str, Any], base_path: list[str]) -> None:
+    """What `python /job/main.py` with the job's environment would have started as."""
+    env = {str(k): str(v) for k, v in job["env"].items()}
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(str(job.get("cwd", "/workspace")))
+    sys.argv = [str(arg) for arg in job["argv"][1:]]
+    extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:] = [os.path.dirname(MAIN), *extra, *base_path]
+    sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
+    if env.get("PYTHONUNBUFFERED"):
+        for stream in (sys.stdout, sys.stderr):
+            if isinstance(stream, io.TextIOWrapper):
+                stream.reconfigure(write_through=True)
+    for name in RUNNER_MODULES:  # `import sandcell` must fail as it does in a cold sandbox
+        sys.modules.pop(name, None)
+
+
+def run_main() -> None:
+    """Run /job/main.py as `__main__`; an uncaught exception ends it as python's own would."""
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=MAIN,
+        __builtins__=builtins,
+        __cached__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", MAIN),
+    )
+    sys.modules["__main__"] = main
+    try:
+        with open(MAIN, "rb") as source:
+            code = compile(source.read(), MAIN, "exec", dont_inherit=True)
+        exec(code, main.__dict__)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        report(exc)
+
+
+def report(exc: BaseException) -> None:
+    """Print the traceback from the job's first frame on, and exit like python does."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename != MAIN:
+        tb = tb.tb_next  # a SyntaxError has no frame of the job's: python shows none either
+    sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # 3.11 prints exc's own traceback
+    if isinstance(exc, KeyboardInterrupt):
+        with contextlib.suppress(OSError):
+            sys.stdout.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(1)
+
+
+def main() -> None:
+    base_path = [p for p in sys.path if p and not p.startswith("/opt")]
+    saved = [os.dup(1), os.dup(2)]
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (1, 2):
+        os.dup2(devnull, fd)
+    failed = preload(sys.argv[1:])
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()  # whatever the imports printed goes to /dev/null, not to the job
+    for fd, original in zip((1, 2), saved, strict=True):
+        os.dup2(original, fd)
+        os.close(original)
+    os.write(1, WARM_MARKER + json.dumps({"failed": failed}).encode() + b"\n")
+    job = read_job(0)
+    if job is None:
+        os._exit(0)
+    os.dup2(devnull, 0)  # the job's stdin is at EOF, as in a cold sandbox
+    os.close(devnull)
+    become(job, base_path)
+    os.write(1, READY_MARKER)
+    run_main()

@@ -1,0 +1,293 @@
+"""Warm pools against real runsc: one job per warm sandbox, nothing shared, limits intact.
+
+Every pooled run is checked like a cold one: the warm sandbox it used (its scratch dir, loop
+device, cgroup, runsc state and host processes) is gone when `run` returns.
+"""
+
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sandcell.domain.images import Image
+from sandcell.domain.limits import Limits
+from sandcell.domain.states import Reason
+from sandcell.ports.runtime import GUEST_CHANNEL_SOCKET, InputFile, SandboxSpec
+from sandcell.runtime.gvisor import GVisorRuntime
+from sandcell.runtime.images import FilesystemImageCatalog
+from sandcell.runtime.pool import PoolConfig, WarmPool
+from sandcell.runtime.pooled import PooledRuntime, warm_factory
+from tests.integration.conftest import GUEST_ENV, IMAGE_DIR, RecordingSink, assert_released
+
+pytestmark = pytest.mark.gvisor
+PROFILE = Limits()
+WAIT_S = 60.0
+
+
+def wait_for(condition: object, timeout_s: float = WAIT_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if callable(condition) and condition():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def make_pool(runtime: GVisorRuntime, **config: object) -> PooledRuntime:
+    settings = {"sizes": {"python": 1}, "profile": PROFILE} | config
+    images = FilesystemImageCatalog(IMAGE_DIR)
+    pool = WarmPool(warm_factory(runtime), images, PoolConfig(**settings))  # type: ignore[arg-type]
+    pooled = PooledRuntime(runtime, pool)
+    pool.start()
+    return pooled
+
+
+@pytest.fixture
+def pooled(gvisor: GVisorRuntime, python_image: Image) -> Iterator[PooledRuntime]:
+    runtime = make_pool(gvisor)
+    yield runtime
+    ids = runtime.pool.ready_ids("python")
+    runtime.close()
+    for sandbox_id in ids:
+        assert_released(gvisor, sandbox_id)
+
+
+def spec_for(image: Image, code: str, **limits: float) -> SandboxSpec:
+    return SandboxSpec(
+        sandbox_id=f"job-{time.monotonic_ns()}",
+        image=image,
+        argv=[image.python, "/job/main.py"],
+        env=GUEST_ENV,
+        limits=Limits(**limits),  # type: ignore[arg-type]
+        code=code.encode(),
+    )
+
+
+def run_pooled(
+    runtime: PooledRuntime, spec: SandboxSpec, expect_pooled: bool = True
+) -> tuple[object, RecordingSink]:
+    """Run `spec` once a warm sandbox is ready; check that the one it used is released."""
+    name = spec.image.name
+    assert wait_for(lambda: runtime.pool.ready_count(name) >= 1), "the pool never filled"
+    [warm_id, *_] = runtime.pool.ready_ids(name)
+    sink = RecordingSink()
+    result = runtime.run(spec, sink, threading.Event())
+    assert result.pooled is expect_pooled, result
+    assert result.released, result.detail
+    if expect_pooled:
+        assert_released(runtime.base, warm_id)
+    assert_released(runtime.base, spec.sandbox_id)  # the job's own id was never used
+    return result, sink
+
+
+def test_a_pooled_job_runs_like_a_cold_one(pooled: PooledRuntime, python_image: Image) -> None:
+    code = (
+        "import os, sys\n"
+        "print(sys.argv, os.getcwd(), sorted(os.environ), sys.path[0], __name__, __file__)\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "print(sys.stdin.read() == '', os.getuid())\n"
+        "raise SystemExit(3)\n"
+    )
+    result, sink = run_pooled(pooled, spec_for(python_image, code))
+    assert (result.reason, result.exit_code) == (Reason.EXIT_CODE, 3)  # type: ignore[attr-defined]
+    assert sink.events[0] == ("ready", b"")
+    env = sorted(GUEST_ENV)
+    assert sink.stdout == (
+        f"['/job/main.py'] /workspace {env} /job __main__ /job/main.py\nTrue 65534\n"
+    )
+    assert sink.stderr == "to stderr\n"  # nothing of the runner's imports or its own frames
+
+
+def test_an_uncaught_exception_shows_only_the_jobs_frames(
+    pooled: PooledRuntime, python_image: Image
+) -> None:
+    result, sink = run_pooled(pooled, spec_for(python_image, "def f():\n    1/0\nf()\n"))
+    assert (result.reason, result.exit_code) == (Reason.EXIT_CODE, 1)  # type: ignore[attr-defined]
+    assert sink.stderr.startswith('Traceback (most recent call last):\n  File "/job/main.py"')
+    assert "pool_runner" not in sink.stderr and "ZeroDivisionError" in sink.stderr
+    assert "    1/0" in sink.stderr  # the source line: the code is at /job/main.py
+
+
+def test_nothing_of_one_job_is_visible_to_the_next(
+    pooled: PooledRuntime, python_image: Image
+) -> None:
+    first = (
+        "import os, json, builtins\n"
+        "for d in ('/workspace', '/tmp', '/output'):\n"
+        "    open(d + '/left-behind', 'w').write('secret')\n"
+        "os.environ['LEFT_BEHIND'] = '1'; json.LEFT_BEHIND = 1; builtins.LEFT_BEHIND = 1\n"
+        "print('written')\n"
+    )
+    second = (
+        "import os, json, builtins\n"
+        "print([os.path.exists(d + '/left-behind') for d in ('/workspace', '/tmp', '/output')],\n"
+        "      'LEFT_BEHIND' in os.environ, hasattr(json, 'LEFT_BEHIND'),\n"
+        "      hasattr(builtins, 'LEFT_BEHIND'))\n"
+    )
+    _, sink1 = run_pooled(pooled, spec_for(python_image, first))
+    assert sink1.stdout == "written\n" and "left-behind" in sink1.files
+    _, sink2 = run_pooled(pooled, spec_for(python_image, second))
+    assert sink2.stdout == "[False, False, False] False False False\n", sink2.stderr
+    assert sink2.files == {}
+
+
+def test_inputs_and_the_guest_channel_arrive_at_hand_over(
+    pooled: PooledRuntime, python_image: Image, tmp_path: Path
+) -> None:
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,2\n")
+    channel = tmp_path / "chan"
+    channel.mkdir(mode=0o711)
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(channel / GUEST_CHANNEL_SOCKET))
+    os.chmod(channel / GUEST_CHANNEL_SOCKET, 0o666)
+    server.listen(1)
+    heard: list[bytes] = []
+
+    def listen() -> None:
+        conn, _ = server.accept()
+        with conn:
+            heard.append(conn.recv(100))
+
+    listener = threading.Thread(target=listen)
+    listener.start()
+    code = (
+        "import socket\n"
+        "print(open('/input/sub/data.csv').read().splitlines())\n"
+        "try:\n    open('/input/new', 'w')\n"
+        "except OSError as exc:\n    print('ro', exc.errno in (13, 30))\n"
+        "s = socket.socket(socket.AF_UNIX); s.connect('/run/sandcell/guest/guest.sock')\n"
+        "s.sendall(b'hello host')\n"
+    )
+    spec = replace(
+        spec_for(python_image, code),
+        inputs=[InputFile(data, "sub/data.csv")],
+        guest_channel=channel,
+    )
+    result, sink = run_pooled(pooled, spec)
+    listener.join(10)
+    server.close()
+    assert result.reason is None, sink.stderr  # type: ignore[attr-defined]
+    assert sink.stdout == "['a,b', '1,2']\nro True\n"  # /input stays read-only
+    assert heard == [b"hello host"]
+
+
+@pytest.mark.parametrize(
+    ("code", "limits", "reason"),
+    [
+        ("import time; print('sleeping', flush=True); time.sleep(60)", {"timeout_s": 1}, "timeout"),
+        ("x = bytearray(512 * 2**20); print('survived')", {"memory_mb": 64}, "memory"),
+        ("print('x' * 100_000)", {"output_mb": 0.01}, "output_limit"),
+        ("import os\nwhile True: os.fork()", {}, "pids"),  # dies on its first EAGAIN
+    ],
+)
+def test_limits_trip_with_the_right_reason_in_a_pooled_run(
+    pooled: PooledRuntime,
+    python_image: Image,
+    code: str,
+    limits: dict[str, float],
+    reason: str,
+) -> None:
+    started = time.monotonic()
+    result, sink = run_pooled(pooled, spec_for(python_image, code, **limits))
+    assert result.reason == Reason(reason), (result, sink.stderr)  # type: ignore[attr-defined]
+    assert "survived" not in sink.stdout
+    if reason == "timeout":  # counted from hand-over, not from the sandbox's boot
+        assert sink.stdout == "sleeping\n" and time.monotonic() - started < 8
+
+
+@pytest.mark.parametrize("limits", [{"pids": 64}, {"disk_mb": 64}, {"memory_mb": 1024}])
+def test_jobs_with_limits_the_pool_cannot_honour_start_cold(
+    pooled: PooledRuntime, python_image: Image, limits: dict[str, float]
+) -> None:
+    spec = spec_for(python_image, "print('cold')", **limits)
+    result, sink = run_pooled(pooled, spec, expect_pooled=False)
+    assert result.reason is None and sink.stdout == "cold\n"  # type: ignore[attr-defined]
+    assert pooled.pool.stats.refused == 1 and pooled.pool.stats.hits == 0
+
+
+def test_the_pool_refills_after_a_job(pooled: PooledRuntime, python_image: Image) -> None:
+    assert wait_for(lambda: pooled.pool.ready_count("python") == 1)
+    [first] = pooled.pool.ready_ids("python")
+    run_pooled(pooled, spec_for(python_image, "print(1)"))
+    assert wait_for(lambda: pooled.pool.ready_count("python") == 1)
+    assert pooled.pool.ready_ids("python") != [first]
+    assert pooled.pool.stats.booted == 2 and pooled.pool.stats.hits == 1
+
+
+def test_an_idle_pool_shrinks_and_releases_its_sandboxes(
+    gvisor: GVisorRuntime, python_image: Image
+) -> None:
+    runtime = make_pool(gvisor, idle_s=2.0, tick_s=0.1)
+    try:
+        assert wait_for(lambda: runtime.pool.ready_count("python") == 1)
+        ids = runtime.pool.ready_ids("python")
+        assert wait_for(lambda: runtime.pool.stats.shrunk == 1, 10)
+        assert runtime.pool.ready_count("python") == 0
+        for sandbox_id in ids:
+            assert_released(gvisor, sandbox_id)
+        time.sleep(0.5)
+        assert runtime.pool.ready_count("python") == 0  # no refill while idle
+        run_pooled_cold(runtime, spec_for(python_image, "print(1)"))
+        assert wait_for(lambda: runtime.pool.ready_count("python") == 1)  # a job: fill again
+    finally:
+        runtime.close()
+
+
+def run_pooled_cold(runtime: PooledRuntime, spec: SandboxSpec) -> tuple[object, RecordingSink]:
+    sink = RecordingSink()
+    result = runtime.run(spec, sink, threading.Event())
+    assert not result.pooled and result.released and result.reason is None, result
+    return result, sink
+
+
+def test_the_memory_bound_stops_refills(gvisor: GVisorRuntime, python_image: Image) -> None:
+    runtime = make_pool(gvisor, sizes={"python": 3}, memory_mb=8, tick_s=0.1)
+    try:
+        assert wait_for(lambda: runtime.pool.stats.memory_blocked >= 3, 10)
+        assert runtime.pool.ready_count("python") == 0 and runtime.pool.stats.booted == 0
+        run_pooled_cold(runtime, spec_for(python_image, "print(1)"))  # no pool: cold
+    finally:
+        runtime.close()
+
+
+def test_the_memory_bound_counts_measured_sandboxes(
+    gvisor: GVisorRuntime, python_image: Image
+) -> None:
+    # Room for the first guess (64 MB), then for what was measured: a few, not all ten.
+    runtime = make_pool(gvisor, sizes={"python": 10}, memory_mb=80, tick_s=0.1)
+    try:
+        assert wait_for(lambda: runtime.pool.stats.memory_blocked >= 1)
+        count = runtime.pool.ready_count("python")
+        assert 1 <= count < 10
+        assert runtime.pool.memory_bytes() <= 80 * 2**20
+    finally:
+        runtime.close()
+
+
+def test_csv_to_chart_in_a_python_data_pool(
+    gvisor: GVisorRuntime, python_data_image: Image, tmp_path: Path
+) -> None:
+    runtime = make_pool(gvisor, sizes={"python-data": 1})
+    data = tmp_path / "data.csv"
+    data.write_text("x,y\n" + "".join(f"{i},{i * i % 97}\n" for i in range(10_000)))
+    code = (
+        "import sys, pandas as pd, matplotlib.pyplot as plt\n"
+        "print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))\n"
+        "df = pd.read_csv('/input/data.csv')\n"
+        "df.plot(x='x', y='y').figure.savefig('/output/chart.png')\n"
+        "print(len(df))\n"
+    )
+    try:
+        spec = replace(spec_for(python_data_image, code), inputs=[InputFile(data, "data.csv")])
+        result, sink = run_pooled(runtime, spec)
+        assert result.reason is None, sink.stderr  # type: ignore[attr-defined]
+        assert sink.stdout == "['matplotlib', 'pandas']\n10000\n"
+        assert sink.files["chart.png"].startswith(b"\x89PNG")
+    finally:
+        runtime.close()
