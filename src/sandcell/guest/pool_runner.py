@@ -18,6 +18,7 @@ code as `__main__` in this same process. The sandbox is destroyed after this one
 Before the job, stdout and stderr go to /dev/null: nothing the imports say becomes the job's.
 """
 
+import atexit
 import builtins
 import contextlib
 import importlib
@@ -28,7 +29,7 @@ import os
 import signal
 import sys
 import types
-from typing import Any
+from typing import Any, NoReturn
 
 WARM_MARKER = b"\x1esandcell-warm "
 READY_MARKER = b"\x1esandcell-ready\n"  # the same line the bundle's shell wrapper prints
@@ -112,6 +113,36 @@ def report(exc: BaseException) -> None:
     sys.exit(1)
 
 
+def exit_status(exc: SystemExit) -> int:
+    """The process status python gives a SystemExit (a non-int code is printed, status 1)."""
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def finish(status: int) -> NoReturn:
+    """End as python's own exit would, short of tearing the interpreter down.
+
+    The sandbox is destroyed right after, so module teardown and the final collection (about
+    0.1 s with pandas and matplotlib imported) would only delay the job's end. What a program
+    can observe still happens: non-daemon threads are joined, atexit handlers run, and the
+    standard streams are flushed (a failed flush is python's status 120).
+    """
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        threading._shutdown()  # what Py_FinalizeEx calls first
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            status = status or 120
+    os._exit(status)
+
+
 def main() -> None:
     base_path = [p for p in sys.path if p and not p.startswith("/opt")]
     saved = [os.dup(1), os.dup(2)]
@@ -133,4 +164,8 @@ def main() -> None:
     os.close(devnull)
     become(job, base_path)
     os.write(1, READY_MARKER)
-    run_main()
+    try:
+        run_main()
+    except SystemExit as exc:
+        finish(exit_status(exc))
+    finish(0)

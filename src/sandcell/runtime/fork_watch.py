@@ -26,6 +26,7 @@ class ForkWatch:
         self.refused = 0
         self._fd: int | None = None
         self._stop = threading.Event()
+        self._wake_r, self._wake_w = -1, -1  # stop() writes here so the poll returns at once
         self._thread = threading.Thread(target=self._read, name="fork-watch", daemon=True)
 
     def runsc_flags(self) -> list[str]:
@@ -41,6 +42,7 @@ class ForkWatch:
         os.mkfifo(self.fifo, 0o600)
         # Read and write: runsc's open never blocks, and its exit never reads as our EOF.
         self._fd = os.open(self.fifo, os.O_RDWR | os.O_NONBLOCK)
+        self._wake_r, self._wake_w = os.pipe()
         self._thread.start()
 
     def stop(self) -> int:
@@ -48,8 +50,10 @@ class ForkWatch:
         if self._fd is None:
             return self.refused
         self._stop.set()
+        os.write(self._wake_w, b"x")
         self._thread.join()
-        os.close(self._fd)
+        for fd in (self._fd, self._wake_r, self._wake_w):
+            os.close(fd)
         self._fd = None
         return self.refused
 
@@ -57,10 +61,12 @@ class ForkWatch:
         assert self._fd is not None
         poller = select.poll()
         poller.register(self._fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
         partial = b""
         while True:
             stopping = self._stop.is_set()  # looked at before the last read: nothing is missed
-            if poller.poll(0 if stopping else POLL_MS):
+            events = poller.poll(0 if stopping else POLL_MS)
+            if any(fd == self._fd for fd, _ in events):
                 try:
                     data = os.read(self._fd, CHUNK)
                 except BlockingIOError:

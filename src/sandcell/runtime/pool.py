@@ -45,6 +45,9 @@ PRELOAD_MB = {"python-data": 128}
 FIRST_GUESS_MB = {"python-data": 200}
 DEFAULT_GUESS_MB = 64
 BACKOFF_S, BACKOFF_MAX_S = 2.0, 60.0
+# A refill boots a sandbox (runsc, mkfs, imports: CPU work) and would slow the very job that
+# took the last warm one; it waits until that job is done, or this long at most.
+YIELD_S = 1.0
 
 
 class Warm(Protocol):
@@ -137,6 +140,7 @@ class WarmPool(Generic[W]):
         self._lock = threading.Lock()
         self._wake, self._stop = threading.Event(), threading.Event()
         self._thread: threading.Thread | None = None
+        self._in_use: dict[str, float] = {}  # sandbox id -> when it was taken, until `done`
 
     # the runtime's side
 
@@ -178,6 +182,8 @@ class WarmPool(Generic[W]):
                 else:
                     stale.append(warm)  # died while idle, or the image was rebuilt
             self._count("hits" if found else "misses", image.name)
+            if found is not None:
+                self._in_use[found.sandbox_id] = time.monotonic()
         self._destroy(stale)
         self._wake.set()  # refill what was taken (or found dead)
         return found
@@ -191,8 +197,15 @@ class WarmPool(Generic[W]):
         if image_name in self._demand:
             self._demand[image_name] = self.clock()
 
+    def done(self, warm: W) -> None:
+        """The job that took `warm` has ended (and released it): refill now."""
+        with self._lock:
+            self._in_use.pop(warm.sandbox_id, None)
+        self._wake.set()
+
     def discard(self, warm: W) -> None:
         self._destroy([warm])
+        self.done(warm)
 
     def ready_count(self, image_name: str) -> int:
         with self._lock:
@@ -242,11 +255,24 @@ class WarmPool(Generic[W]):
 
     def _refill_loop(self) -> None:
         while not self._stop.is_set():
+            self._yield_to_jobs()
             try:
                 self._refill_once()
             except Exception:  # never let the thread die: the pool would silently run dry
                 log.exception("warm pool refill failed")
             self._wake.wait(self.config.tick_s)
+            self._wake.clear()
+
+    def _yield_to_jobs(self) -> None:
+        """Wait while a job taken from the pool less than YIELD_S ago is still running."""
+        while not self._stop.is_set():
+            with self._lock:
+                now = time.monotonic()  # real time, whatever clock drives the idle shrink
+                recent = {k: at for k, at in self._in_use.items() if now - at < YIELD_S}
+                self._in_use = recent  # a session keeps its kernel: forget it after YIELD_S
+            if not recent:
+                return
+            self._wake.wait(YIELD_S - (now - min(recent.values())))
             self._wake.clear()
 
     def _refill_once(self) -> None:

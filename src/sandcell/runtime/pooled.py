@@ -39,7 +39,10 @@ class PooledRuntime:
         if isinstance(sink, PlacedSink):
             sink.placed(warm.sandbox_id)
         run = PooledRun(spec, sink, cancel, self.base.runsc, warm, self.base.overhead_mb)
-        result = run.execute()
+        try:
+            result = run.execute()
+        finally:
+            self.pool.done(warm)
         result.pooled = True
         return result
 
