@@ -26,7 +26,7 @@ from sandcell.egress.errors import EgressConfigError, EgressDenied
 from sandcell.egress.gateway import ProxyEgress, ProxySession
 from sandcell.egress.policy import EgressPolicy
 from sandcell.egress.resolve import Resolver, StaticResolver, SystemResolver
-from sandcell.egress.secrets import RedactingFilter, Redactor, SecretRule
+from sandcell.egress.secrets import Redactor, SecretRule
 from sandcell.egress.server import EgressProxy, EgressServer
 
 __all__ = [
@@ -43,7 +43,6 @@ __all__ = [
     "ProxyEgress",
     "ProxyLimits",
     "ProxySession",
-    "RedactingFilter",
     "Redactor",
     "Resolver",
     "SecretRule",

@@ -4,8 +4,10 @@ The sandbox speaks HTTP/1.1 to a forward proxy:
 - `GET http://host/path` (absolute form): checked, resolved, pinned, forwarded, one exchange per
   connection (`Connection: close`, so every upstream connection is audited on its own);
 - `CONNECT host:port`: checked, resolved and pinned, then either a plain byte tunnel (TLS stays
-  end to end) or, for a host that carries secrets, TLS terminated here with the job CA so the
-  secret headers can be added, and a verified TLS connection upstream.
+  end to end, but the ClientHello must name the CONNECT host before any byte is relayed) or, for
+  a host that carries secrets, TLS terminated here with the job CA so the secret headers can be
+  added, and a verified TLS connection upstream. A tunnel carries TLS only: plain HTTP goes
+  through the absolute-form path, where its Host header is checked.
 Secrets are never added to plain HTTP: they would cross the network in clear text.
 """
 
@@ -19,9 +21,10 @@ import h11
 
 from sandcell.egress.audit import MODE_HTTP, MODE_INTERCEPT, MODE_TUNNEL, ConnectionAudit, Counter
 from sandcell.egress.certs import JobCertificateAuthority
+from sandcell.egress.client_hello import ClientHelloReader, check_server_name, normalize_server_name
 from sandcell.egress.config import EgressConfig
 from sandcell.egress.errors import EgressDenied
-from sandcell.egress.hosts import IPAddress, Target, parse_absolute_url, parse_authority
+from sandcell.egress.hosts import Host, IPAddress, Target, parse_absolute_url, parse_authority
 from sandcell.egress.http1 import HttpPeer, relay_exchange, send_text, upstream_request
 from sandcell.egress.resolve import Resolver, connect_pinned, pinned_addresses
 from sandcell.egress.secrets import Redactor
@@ -48,7 +51,7 @@ class _SniCheck:
         self.expected, self.seen, self.called = expected, "", False
 
     def __call__(self, name: str | None) -> bool:
-        self.called, self.seen = True, (name or "").lower()
+        self.called, self.seen = True, normalize_server_name(name or "")
         return self.seen == self.expected
 
 
@@ -153,10 +156,27 @@ class ConnectionHandler:
     async def _tunnel(self, target: Target, addresses: list[IPAddress]) -> None:
         reader, writer = await connect_pinned(addresses, target.port, self.limits.connect_timeout_s)
         self._upstream = Side(reader, writer, self.activity)
+        first_bytes = await self._client_hello(target.host, await self._established())
         self.audit.allow(MODE_TUNNEL)
-        early = await self._established()
-        await self._upstream.send(early)
+        await self._upstream.send(first_bytes)
         await splice(self.client.side, self._upstream)
+
+    async def _client_hello(self, host: Host, data: bytes) -> bytes:
+        """Read the sandbox's first ClientHello whole, check its server name against `host`.
+
+        Returns every byte read so far, for the tunnel to relay unchanged. Bounded in size by
+        `ClientHelloReader` and in time by the TLS handshake timeout.
+        """
+        reader = ClientHelloReader()
+        try:
+            async with asyncio.timeout(self.limits.tls_handshake_timeout_s):
+                while (hello := reader.feed(data)) is None:
+                    if not (data := await self.client.side.recv()):
+                        raise EgressDenied("bad_client_hello", "closed before a whole ClientHello")
+        except TimeoutError as exc:
+            raise EgressDenied("client_hello_timeout") from exc
+        check_server_name(host, hello.server_name)
+        return bytes(reader.data)
 
     async def _established(self) -> bytes:
         """Answer the CONNECT; return bytes the sandbox pipelined behind it."""

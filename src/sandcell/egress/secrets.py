@@ -5,7 +5,6 @@ A job names secrets and the hosts they are for; the trusted side looks the value
 so that h11 can never echo it in a protocol error, and `Redactor` scrubs it from any text.
 """
 
-import logging
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -93,25 +92,3 @@ class Redactor:
 
     def __bool__(self) -> bool:
         return bool(self._pairs)
-
-
-class RedactingFilter(logging.Filter):
-    """A logging filter that renders each record and scrubs secret values from it.
-
-    Attach it to the handlers (not only the loggers) that can see proxy, worker or server
-    records, so records from third-party libraries are scrubbed too.
-    """
-
-    def __init__(self, redactor: Redactor) -> None:
-        super().__init__()
-        self.redactor = redactor
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = self.redactor.redact(record.getMessage()), None
-        if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
-            record.exc_text = self.redactor.redact(record.exc_text)
-        if record.stack_info:
-            record.stack_info = self.redactor.redact(record.stack_info)
-        return True
