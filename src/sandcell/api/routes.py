@@ -36,6 +36,8 @@ LOG_POLL_S = 0.2  # new log chunks are not notified; a job's end is
 
 
 def _job_out(svc: Svc, job: Job) -> JobOut:
+    if job.state is JobState.ACCEPTED and not job.attempts:
+        return job_out(job, [], [])  # never ran: nothing to read (saves two queries a submit)
     return job_out(job, svc.store.list_artifacts(job.id), svc.store.job_stages(job.id))
 
 
