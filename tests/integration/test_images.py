@@ -1,4 +1,5 @@
-"""Images: the real debootstrap-built `python` image, its manifest and digest, the catalog."""
+"""Images: the real debootstrap-built `python` and `python-data` images, manifests and digests,
+the catalog."""
 
 import json
 import os
@@ -6,6 +7,7 @@ import shutil
 import stat
 import time
 from dataclasses import replace
+from importlib.metadata import distributions
 from pathlib import Path
 
 import pytest
@@ -13,7 +15,14 @@ import pytest
 from sandcell.domain.errors import ImageUnavailable
 from sandcell.domain.images import Image
 from sandcell.runtime.digest import tree_digest
-from sandcell.runtime.images import RECIPES, FilesystemImageCatalog, build_image, verify
+from sandcell.runtime.images import (
+    RECIPES,
+    FilesystemImageCatalog,
+    Recipe,
+    build_image,
+    pin_mismatches,
+    verify,
+)
 from sandcell.runtime.mirror import debian_mirror
 from tests.integration.conftest import IMAGE_DIR
 
@@ -39,6 +48,25 @@ def test_manifest_records_what_was_built(python_image: Image) -> None:
     assert manifest["python"] == "/usr/bin/python3.11"
     assert manifest["recipe"] == RECIPES["python"].as_dict()
     assert manifest["built_at"].endswith("+00:00")
+
+
+@pytest.mark.gvisor
+def test_python_data_manifest_records_the_pinned_versions_and_its_digest(
+    python_data_image: Image,
+) -> None:
+    manifest = json.loads((python_data_image.rootfs.parent / "manifest.json").read_text())
+    recipe = RECIPES["python-data"]
+    assert manifest["version"] == recipe.version and manifest["recipe"] == recipe.as_dict()
+    pins = recipe.pins()
+    assert set(pins) == {"python3-numpy", "python3-pandas", "python3-matplotlib", "python3-ipython"}
+    assert {name: manifest["packages"][name] for name in pins} == pins
+    assert manifest["digest"] == python_data_image.digest
+    assert manifest["digest"].startswith("sha256:") and len(manifest["digest"]) == 71
+    # What Python itself sees in the image: the upstream versions behind those Debian pins.
+    site = python_data_image.rootfs / "usr/lib/python3/dist-packages"
+    found = {d.metadata["Name"].lower(): d.version for d in distributions(path=[str(site)])}
+    wanted = {"numpy": "1.24.2", "pandas": "1.5.3", "matplotlib": "3.6.3", "ipython": "8.5.0"}
+    assert {name: found.get(name) for name in wanted} == wanted
 
 
 @pytest.mark.gvisor
@@ -115,6 +143,17 @@ def test_catalog_serves_the_newest_complete_build(tmp_path: Path) -> None:
     image = FilesystemImageCatalog(tmp_path).get("python")
     assert (image.version, image.rootfs) == ("2", newest / "rootfs")
     assert FilesystemImageCatalog(tmp_path).names() == ["python"]
+
+
+def test_pins_are_exact_debian_versions_and_a_mismatch_is_named() -> None:
+    recipe = Recipe("x", "1", ("python3.11-minimal", "python3-numpy=1:1.24.2-1+deb12u1"))
+    assert recipe.package_names() == ["python3.11-minimal", "python3-numpy"]
+    assert recipe.pins() == {"python3-numpy": "1:1.24.2-1+deb12u1"}
+    assert pin_mismatches(recipe, {"python3-numpy": "1:1.24.2-1+deb12u1"}) == []
+    assert pin_mismatches(recipe, {"python3-numpy": "1:1.24.2-1+deb12u2"}) == [
+        "python3-numpy 1:1.24.2-1+deb12u2 (pinned 1:1.24.2-1+deb12u1)"
+    ]
+    assert pin_mismatches(recipe, {}) == ["python3-numpy missing (pinned 1:1.24.2-1+deb12u1)"]
 
 
 def test_building_an_unknown_recipe_fails_clearly(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ class Recipe:
 
     name: str
     version: str
+    # Debian packages for debootstrap; `name=version` pins one to an exact Debian version.
     packages: tuple[str, ...]
     suite: str = "bookworm"
     variant: str = "minbase"
@@ -54,6 +55,14 @@ class Recipe:
     python: str = "/usr/bin/python3.11"
     # (path in the rootfs, text) written after debootstrap, e.g. a headless matplotlibrc.
     files: tuple[tuple[str, str], ...] = ()
+
+    def package_names(self) -> list[str]:
+        return [package.partition("=")[0] for package in self.packages]
+
+    def pins(self) -> dict[str, str]:
+        """Package -> the exact Debian version the recipe requires."""
+        split = (package.partition("=") for package in self.packages)
+        return {name: version for name, _, version in split if version}
 
     def as_dict(self) -> dict[str, Any]:
         # JSON's shape (lists all the way down), so it compares equal to a manifest's recipe.
@@ -69,14 +78,21 @@ RECIPES: dict[str, Recipe] = {
         version="3",  # 2: mount points for the egress socket and CA bundle; 3: guest channel
         packages=("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates"),
     ),
-    # Debian's own builds: versions are whatever the configured (snapshot) mirror serves, and
-    # the manifest records every installed package's version. IPython runs session kernels.
+    # Debian's own builds from the configured mirror. numpy, pandas, matplotlib and IPython
+    # are pinned: a mirror that serves other versions fails the build (debootstrap cannot
+    # choose a version). The manifest records every installed package's version. IPython
+    # runs session kernels.
     "python-data": Recipe(
         name="python-data",
-        version="2",  # 2: the guest channel's mount point
+        # 2: the guest channel's mount point; 3: the pins. A new version is a new directory,
+        # so sandboxes running on version 2 keep their root while 3 is built.
+        version="3",
         packages=(
             *("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "socat"),
-            *("python3-numpy", "python3-pandas", "python3-matplotlib", "python3-ipython"),
+            "python3-numpy=1:1.24.2-1+deb12u1",  # numpy 1.24.2
+            "python3-pandas=1.5.3+dfsg-2",  # pandas 1.5.3
+            "python3-matplotlib=3.6.3-1+b1",  # matplotlib 3.6.3
+            "python3-ipython=8.5.0-4",  # IPython 8.5.0
         ),
         # Debian's site rc says TkAgg; a sandbox has no display. Defaults come from mpl-data.
         files=(("etc/matplotlibrc", "backend: Agg\n"),),
@@ -104,7 +120,7 @@ def build_image(name: str, images_dir: Path, *, force: bool = False) -> Image:
     recipe = _recipe(name)
     final = images_dir / recipe.name / recipe.version
     existing = _read_manifest(final)
-    if existing and existing.recipe == recipe.as_dict() and not force:
+    if existing and _built_from(existing, recipe) and not force:
         return existing.image(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     # Same parent as the final directory: the rename into place is atomic on one filesystem.
@@ -112,7 +128,11 @@ def build_image(name: str, images_dir: Path, *, force: bool = False) -> Image:
     work.chmod(0o755)  # the API reads manifests without root; mkdtemp makes it 0700
     try:
         _build_into(recipe, work)
-        _install(work, final)
+        done = _read_manifest(final)
+        # A concurrent build of the same recipe that finished first stays: its digest is
+        # the recorded one, and sandboxes may already run on its root.
+        if force or not (done and _built_from(done, recipe)):
+            _install(work, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     installed = _read_manifest(final)  # ours, or a concurrent build's that got there first
@@ -171,6 +191,10 @@ class FilesystemImageCatalog:
         return sorted(builds, key=lambda b: b[1].built_at)
 
 
+def _built_from(manifest: Manifest, recipe: Recipe) -> bool:
+    return manifest.recipe == recipe.as_dict()
+
+
 def _recipe(name: str) -> Recipe:
     try:
         return RECIPES[name]
@@ -183,6 +207,14 @@ def _build_into(recipe: Recipe, work: Path) -> Manifest:
     rootfs = work / "rootfs"
     mirror = debian_mirror()
     _debootstrap(recipe, rootfs, mirror)
+    packages = _installed_packages(rootfs)
+    wrong = pin_mismatches(recipe, packages)
+    if wrong:
+        raise ImageUnavailable(
+            f"image {recipe.name!r}: the mirror {mirror} did not serve the pinned versions: "
+            + "; ".join(wrong)
+            + ". Point apt at a (snapshot) mirror that serves them, or change the pins."
+        )
     _install_pip(recipe, rootfs)
     _harden(rootfs)
     _write_files(recipe, rootfs)
@@ -194,7 +226,7 @@ def _build_into(recipe: Recipe, work: Path) -> Manifest:
         recipe=recipe.as_dict(),
         python=recipe.python,
         mirror=mirror,
-        packages=_installed_packages(rootfs),
+        packages=packages,
     )
     if not (rootfs / recipe.python.lstrip("/")).exists():
         raise ImageUnavailable(f"image {recipe.name!r}: {recipe.python} missing after build")
@@ -206,7 +238,7 @@ def _debootstrap(recipe: Recipe, rootfs: Path, mirror: str) -> None:
     cmd = [
         "debootstrap",
         f"--variant={recipe.variant}",
-        f"--include={','.join(recipe.packages)}",
+        f"--include={','.join(recipe.package_names())}",
         recipe.suite,
         str(rootfs),
         mirror,
@@ -233,6 +265,15 @@ def _write_files(recipe: Recipe, rootfs: Path) -> None:
             _replace_file(path, text)
         else:
             raise ImageUnavailable(f"image {recipe.name!r}: {relpath} leads out of the rootfs")
+
+
+def pin_mismatches(recipe: Recipe, installed: dict[str, str]) -> list[str]:
+    """Each pinned package whose installed version is not its pin, said for a person."""
+    return [
+        f"{name} {installed.get(name, 'missing')} (pinned {version})"
+        for name, version in recipe.pins().items()
+        if installed.get(name) != version
+    ]
 
 
 def _installed_packages(rootfs: Path) -> dict[str, str]:
