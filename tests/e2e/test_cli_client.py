@@ -1,10 +1,12 @@
 """The client CLI against a real `sandcell serve`: live logs, --json for scripts, clear errors."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.e2e.conftest import Server
@@ -64,3 +66,45 @@ def test_errors_are_one_clear_line(server: Server) -> None:
     bad_key = env | {"SANDCELL_API_KEY": "sc_wrong"}
     denied = subprocess.run([*CLI, "jobs", "list"], env=bad_key, capture_output=True, text=True)
     assert denied.returncode == 1 and "check SANDCELL_API_KEY" in denied.stderr
+
+
+def test_admin_commands_make_a_tenant_key_that_works_until_revoked(server: Server) -> None:
+    env = server.env()  # the server's data dir: admin commands work on this host's store
+
+    def admin(*args: str) -> dict:
+        done = subprocess.run(
+            [*CLI, "admin", *args, "--json"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    # The tenant: with the command `serve` printed, pasted as is into a plain shell.
+    [hint] = {line for line in (server.data_dir / "serve.log").read_text().splitlines()
+              if line.startswith("API key: ")}  # fmt: skip
+    create_tenant = hint.split("`")[1].replace("NAME", "cli-admin") + " --json"
+    plain = {k: v for k, v in os.environ.items() if not k.startswith("SANDCELL_")}
+    pasted = subprocess.run(
+        ["sh", "-c", create_tenant], env=plain, cwd="/", capture_output=True, text=True, timeout=60
+    )
+    assert pasted.returncode == 0, (create_tenant, pasted.stderr)
+    tenant = json.loads(pasted.stdout)
+    assert tenant["name"] == "cli-admin" and tenant["id"].startswith("ten_")
+    key = admin("create-key", "--tenant", tenant["id"])
+    assert key["tenant_id"] == tenant["id"] and key["key"].startswith(f"sc_{key['id']}_")
+    with httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {key['key']}"}
+    ) as http:
+        stored = http.post("/v1/files", files={"file": ("a.csv", b"x\n")})
+        assert stored.status_code == 201
+        assert http.get("/v1/jobs").json()["items"] == []  # a new tenant's own, empty list
+        assert http.post("/v1/admin/tenants", json={"name": "x"}).status_code == 403
+        assert admin("revoke-key", key["id"]) == {"id": key["id"], "revoked": True}
+        refused = http.get(f"/v1/files/{stored.json()['id']}")  # at once: no retry, no wait
+    assert refused.status_code == 401, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["detail"] == "this API key was revoked"
+    again = subprocess.run(
+        [*CLI, "admin", "revoke-key", key["id"]], env=env, capture_output=True, text=True
+    )
+    assert again.returncode == 1 and "no such active key" in again.stderr
+    assert "Traceback" not in again.stderr

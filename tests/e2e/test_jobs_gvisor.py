@@ -2,6 +2,8 @@
 
 import hashlib
 import json
+import re
+import socket
 import subprocess
 import sys
 import threading
@@ -12,7 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.e2e import loopback_dns
 from tests.e2e.conftest import Server, host_processes_mentioning, run_job
+from tests.e2e.loopback_dns import LoopbackDns
 from tests.e2e.pool_metrics import pool_figure, wait_for_pool
 
 pytestmark = pytest.mark.gvisor
@@ -149,6 +153,7 @@ def test_cancel_kills_a_pooled_job_and_metrics_count_the_hit(server: Server) -> 
     assert "sandcell_pool_misses_total" in text and "sandcell_pool_refusals_total" in text
 
 
+DNS_NAME = "dns-probe.sandcell.test"
 ISOLATION = """
 import ctypes, json, os, socket
 facts = {"uid": os.getuid(), "gid": os.getgid()}
@@ -163,9 +168,20 @@ try:
 except OSError:
     facts["root_writable"] = False
 try:
-    socket.getaddrinfo('example.invalid', 80); facts["dns"] = True
+    facts["nameservers"] = [line.split()[1:] for line in open('/etc/resolv.conf')
+                            if line.split()[:1] == ['nameserver']]
+except FileNotFoundError:
+    facts["nameservers"] = None
+facts["localhost"] = sorted({a[4][0] for a in socket.getaddrinfo('localhost', 80)})
+try:  # a name only DNS could answer; EAI_AGAIN: no resolver answered, EAI_NONAME: one said no
+    facts["dns"] = socket.getaddrinfo(DNS_NAME, 80)[0][4][0]
+except socket.gaierror as exc:
+    facts["dns"] = exc.errno
+u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(2)
+try:  # the host's loopback DNS server answers anyone who reaches it
+    u.sendto(DNS_QUERY, ('127.0.0.1', DNS_PORT)); facts["host_dns"] = u.recv(512).hex()
 except OSError:
-    facts["dns"] = False
+    facts["host_dns"] = None
 s = socket.socket(); s.settimeout(2)
 try:
     s.connect(('127.0.0.1', PORT)); facts["host_loopback"] = True
@@ -184,14 +200,24 @@ def test_the_sandbox_sees_no_host_files_processes_capabilities_or_network(
 ) -> None:
     canary = Path("/root/sandcell-canary-e2e")
     canary.write_text("secret")
-    listener = __import__("socket").socket()
+    listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
     headers = server.tenant("isolation")
     try:
-        code = ISOLATION.replace("CANARY", repr(str(canary))).replace("PORT", str(port))
-        job = run_job(server, headers, {"code": code, "env": {"MINE": "1"}})
+        with LoopbackDns() as dns:
+            assert dns.ask(DNS_NAME) == "127.0.0.1"  # it answers whoever reaches it
+            code = (
+                ISOLATION.replace("CANARY", repr(str(canary)))
+                .replace("DNS_NAME", repr(DNS_NAME))
+                .replace("DNS_QUERY", repr(loopback_dns.query(DNS_NAME)))
+                .replace("DNS_PORT", str(dns.port))
+                .replace("PORT", str(port))
+            )
+            job = run_job(server, headers, {"code": code, "env": {"MINE": "1"}})
+            time.sleep(0.2)  # a query that had left the sandbox would have arrived by now
+        asked = len(dns.queries)
     finally:
         canary.unlink()
         listener.close()
@@ -204,7 +230,13 @@ def test_the_sandbox_sees_no_host_files_processes_capabilities_or_network(
     assert facts["canary"] is False and facts["root_writable"] is False
     assert len(facts["pids"]) <= 3, facts["pids"]  # sh exec'd into python: only the sandbox's own
     assert facts["interfaces"] == ["lo"]
-    assert facts["dns"] is False and facts["host_loopback"] is False
+    # No DNS: no resolver configured, a resolvable name finds no one to ask (while /etc/hosts
+    # works), and the host's loopback DNS server is out of reach and never heard a query.
+    assert facts["nameservers"] in (None, []), facts["nameservers"]
+    assert "127.0.0.1" in facts["localhost"]
+    assert facts["dns"] == socket.EAI_AGAIN, facts["dns"]
+    assert facts["host_dns"] is None and asked == 1  # only the host's own check above
+    assert facts["host_loopback"] is False
     assert facts["io_uring"] is False
     assert "SANDCELL_ADMIN_KEY" not in facts["env"] and "MINE" in facts["env"]
     assert not any(name.startswith(("PYENV", "SSH", "PG")) for name in facts["env"])
@@ -239,29 +271,21 @@ def test_cli_run_submits_waits_prints_logs_and_downloads(server: Server, tmp_pat
         "print('total', total)\n"
     )
     env = server.env() | {"SANDCELL_API_KEY": headers["Authorization"].split()[1]}
+    # Exactly the README's command, from the project's entry point, in a fresh directory.
+    sandcell = str(Path(sys.executable).parent / "sandcell")
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sandcell.cli.main",
-            "run",
-            "analysis.py",
-            "--input",
-            "data.csv",
-            "--wait",
-            "--out",
-            "out",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+        [sandcell, "run", "analysis.py", "--input", "data.csv", "--wait"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    assert "total 6" in result.stdout
-    [downloaded] = list((tmp_path / "out").rglob("total.txt"))
+    assert result.stdout == "total 6\n"  # the job's logs; everything else goes to stderr
+    job_id = re.search(r"^job (\S+): completed in \d", result.stderr, re.M)
+    assert job_id is not None, result.stderr
+    downloaded = tmp_path / "sandcell-output" / job_id[1] / "total.txt"  # the default folder
     assert downloaded.read_text() == "6"
+    sha256 = hashlib.sha256(b"6").hexdigest()
+    line = f"downloaded total.txt → sandcell-output/{job_id[1]}/total.txt (sha256 {sha256[:12]}…"
+    assert f"{line} verified)" in result.stderr.splitlines(), result.stderr
 
 
 CSV_TO_CHART = """

@@ -91,29 +91,26 @@ def test_bad_job_requests_name_the_offending_field(api: Api, body: dict, field: 
     assert any(f == field or f.startswith(field) for f in fields), fields
 
 
+def _body_refused(response, status: int, says: str) -> None:
+    """A body-guard refusal: problem+json whose `errors` names the body, like any other."""
+    [error] = _problem(response, status)["errors"]
+    assert error["field"] == "body" and error["in"] == "body" and says in error["message"], error
+
+
 def test_hostile_bodies_get_4xx_not_500(api: Api) -> None:
     alice = api.tenant("alice")
+    as_json = alice | {"Content-Type": "application/json"}
     deep = "[" * 5000 + "]" * 5000
-    _problem(
-        api.http.post(
-            "/v1/jobs", content=deep, headers=alice | {"Content-Type": "application/json"}
-        ),
-        422,
-    )
+    _body_refused(api.http.post("/v1/jobs", content=deep, headers=as_json), 422, "nested deeper")
     nested = '{"code":"1","env":' + '{"a":' * 40 + "1" + "}" * 40 + "}"
-    _problem(
-        api.http.post(
-            "/v1/jobs", content=nested, headers=alice | {"Content-Type": "application/json"}
-        ),
-        422,
-    )
+    _body_refused(api.http.post("/v1/jobs", content=nested, headers=as_json), 422, "deeper than 16")
     big = '{"code":"' + "x" * 300_000 + '"}'
-    _problem(
-        api.http.post(
-            "/v1/jobs", content=big, headers=alice | {"Content-Type": "application/json"}
-        ),
-        413,
-    )
+    _body_refused(api.http.post("/v1/jobs", content=big, headers=as_json), 413, "larger than")
+
+    def chunked():  # no Content-Length: the guard counts what it reads
+        yield big.encode()
+
+    _body_refused(api.http.post("/v1/jobs", content=chunked(), headers=as_json), 413, "larger")
     _problem(
         api.http.post(
             "/v1/jobs", content=b"\xff\xfe{", headers=alice | {"Content-Type": "application/json"}
@@ -210,13 +207,44 @@ def test_file_upload_records_size_and_sha256_and_rejects_bad_names(api: Api) -> 
         == "e3a5b7a5b5c8f1d3b2f9b2e0d0b0a0c0"[:0]
         + __import__("hashlib").sha256(b"a,b\n").hexdigest()
     )
-    _problem(api.http.post("/v1/files", files={"file": ("..", b"x")}, headers=alice), 422)
     _problem(
         api.http.post(
             "/v1/files", files={"file": ("big", b"x" * (1024 * 1024 + 1))}, headers=alice
         ),
         413,
     )
+    big, content_type = _multipart(b"big", b"x" * (1024 * 1024 + 4097))
+
+    def streamed():  # no Content-Length: the upload is counted as it is read
+        yield big
+
+    too_big = api.http.post("/v1/files", content=streamed(), headers=alice | content_type)
+    _body_refused(too_big, 413, "larger than")
+
+
+def _multipart(filename: bytes, content: bytes = b"x") -> tuple[bytes, dict[str, str]]:
+    """One file part with the name byte for byte (httpx would percent-encode a NUL)."""
+    body = (
+        b'--b0undary\r\nContent-Disposition: form-data; name="file"; filename="'
+        + filename
+        + b'"\r\nContent-Type: text/csv\r\n\r\n'
+        + content
+        + b"\r\n--b0undary--\r\n"
+    )
+    return body, {"Content-Type": "multipart/form-data; boundary=b0undary"}
+
+
+@pytest.mark.parametrize(
+    "name", [b"..", b"/etc/passwd", b"/abs.csv", b"a\x00b.csv", b"\x00", b"dir/../x"]
+)
+def test_upload_names_with_dotdot_absolute_paths_or_nul_are_refused(api: Api, name: bytes) -> None:
+    alice = api.tenant("alice")
+    body, content_type = _multipart(name)
+    refused = api.http.post("/v1/files", content=body, headers=alice | content_type)
+    [error] = _problem(refused, 422)["errors"]
+    assert error["field"] == "file" and error["message"].startswith("name must"), error
+    fine, content_type = _multipart(b"fine.csv")  # the same request with a plain name is stored
+    assert api.http.post("/v1/files", content=fine, headers=alice | content_type).status_code == 201
 
 
 def test_openapi_is_served(api: Api) -> None:

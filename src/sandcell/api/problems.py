@@ -128,16 +128,25 @@ def _domain_error(_: Request, exc: Exception) -> JSONResponse:
         if isinstance(exc, cls):
             title = (cls.__doc__ or slug).strip().splitlines()[0]
             fields = getattr(exc, "errors", None)
-            listed = [{"field": f.field, "message": f.message} for f in fields or []]
-            response = problem(
-                status, slug, title, exc.detail, listed if fields is not None else None
-            )
+            listed = None if fields is None else [_field(f) for f in fields]
+            if isinstance(exc, e.PayloadTooLarge):  # e.g. a streamed upload past its limit
+                listed = body_error(exc.detail)
+            response = problem(status, slug, title, exc.detail, listed)
             if isinstance(exc, e.QuotaExceeded):
                 response.headers["Retry-After"] = str(exc.retry_after_s)
             if isinstance(exc, e.StoreUnavailable):
                 response.headers["Retry-After"] = "1"  # a restart or failover takes seconds
             return response
     return problem(500, "internal", "Internal error", "an internal error occurred")
+
+
+def _field(error: e.FieldError) -> dict[str, str]:
+    return {"field": error.field, "message": error.message}
+
+
+def body_error(message: str) -> list[dict[str, str]]:
+    """The `errors` entry of a problem with the request body as a whole."""
+    return [{"field": "body", "in": "body", "message": message}]
 
 
 def _field_name(loc: tuple[Any, ...]) -> tuple[str, str]:
@@ -156,10 +165,13 @@ def _validation_error(_: Request, exc: Exception) -> JSONResponse:
 
 def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and isinstance(exc.__cause__, e.PayloadTooLarge):
+        # FastAPI turns what the body guard's counting receive raised into "cannot parse".
+        return _domain_error(request, exc.__cause__)
     if exc.status_code == 400:
         # FastAPI's answer to a body it cannot decode (bad UTF-8, broken multipart): like any
         # other invalid body, a 422 that names the body.
-        where = [{"field": "body", "in": "body", "message": str(exc.detail)}]
+        where = body_error(str(exc.detail))
         return problem(422, "invalid-request", "The request is invalid.", "see errors", where)
     response = problem(exc.status_code, "http", str(exc.detail), str(exc.detail))
     response.headers.update(exc.headers or {})
@@ -286,7 +298,8 @@ class BodyGuard:
     @staticmethod
     async def _refuse(scope: Scope, send: Send, status: int, detail: str) -> None:
         slug = "payload-too-large" if status == 413 else "invalid-request"
-        response = problem(status, slug, detail, detail)
+        # Like every other refusal of a body: `errors` names it, so clients need no special case.
+        response = problem(status, slug, detail, detail, body_error(detail))
         await response(scope, lambda: _empty(), send)
 
 

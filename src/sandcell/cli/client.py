@@ -18,6 +18,7 @@ from rich.progress import (
     TextColumn,
     TransferSpeedColumn,
 )
+from rich.status import Status
 from rich.table import Table
 
 from sandcell_client import (
@@ -29,7 +30,7 @@ from sandcell_client import (
     TransportError,
     Unauthorized,
 )
-from sandcell_client._base import job_body, safe_destination
+from sandcell_client._base import LONG_POLL_S, job_body, safe_destination
 
 client_app = typer.Typer(no_args_is_help=True, help="List, inspect, cancel and retire jobs.")
 T = TypeVar("T")
@@ -46,6 +47,8 @@ Key = Annotated[
 ]
 AsJson = Annotated[bool, typer.Option("--json", help="machine-readable output on stdout")]
 DEFAULT_URL = "http://127.0.0.1:8080"
+STATE_POLL_S = 0.5
+"""How long a long-poll lasts while a job waits for a sandbox: how late `running` may show."""
 
 
 def safe(text: str) -> str:
@@ -106,7 +109,11 @@ def _emit(data: Any, as_json: bool = True) -> None:
 
 @contextmanager
 def transfer(label: str, total: int | None) -> Iterator[Callable[[int, int | None], None]]:
-    """A progress bar on stderr for an upload or a download."""
+    """A progress bar on stderr for an upload or a download (only on a terminal: elsewhere
+    it would leave an empty line behind)."""
+    if not err.is_terminal:
+        yield lambda done, size: None
+        return
     with Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -160,7 +167,7 @@ def run_command(
     if as_json:
         _emit({"job": job, "artifacts": [str(p) for p in paths]})
     else:
-        err.print(_summary(job), highlight=False)
+        err.print(_summary(job), highlight=False, soft_wrap=True)
     raise typer.Exit(0 if job.state == "completed" else 1)
 
 
@@ -171,21 +178,37 @@ def _upload(client: Client, path: Path) -> dict[str, str]:
 
 
 def _follow(client: Client, job: Job, live: bool) -> Job:
-    """Until the job ends: its output as it is printed (live), or a spinner (for --json)."""
-    status = err.status(f"job {job.id} {job.state}: waiting for a sandbox…")
+    """Until the job ends: a spinner that names its state as it changes, then (live) its
+    output as it is printed."""
+    status = err.status(_progress(job))
     status.start()
     try:
-        if not live:
-            return client.wait(job.id)
-        for event in client.stream_logs(job.id):
-            status.stop()
-            if event.kind in ("stdout", "stderr"):
-                stream = sys.stdout if event.kind == "stdout" else sys.stderr
-                stream.write(safe(event.text))
-                stream.flush()
+        # A long-poll answers as soon as the job ends; while the job waits for a sandbox it
+        # is kept short, so the spinner (and the live output after it) follows the start.
+        while not job.terminal and not (live and job.state != "accepted"):
+            wait = STATE_POLL_S if job.state == "accepted" else LONG_POLL_S
+            job = client.job(job.id, wait=wait)
+            status.update(_progress(job))
+        if live:
+            _print_live(client, job.id, status)
     finally:
         status.stop()
-    return client.wait(job.id)
+    return job if job.terminal else client.wait(job.id)
+
+
+def _progress(job: Job) -> str:
+    if job.state == "accepted":
+        return f"job {job.id} accepted: waiting for a sandbox…"
+    return f"job {job.id} {job.state}" + ("" if job.terminal else "…")
+
+
+def _print_live(client: Client, job_id: str, status: Status) -> None:
+    for event in client.stream_logs(job_id):
+        status.stop()  # the first output replaces the spinner
+        if event.kind in ("stdout", "stderr"):
+            stream = sys.stdout if event.kind == "stdout" else sys.stderr
+            stream.write(safe(event.text))
+            stream.flush()
 
 
 def _download_all(client: Client, job: Job, out: Path) -> list[Path]:
@@ -198,9 +221,11 @@ def _download_all(client: Client, job: Job, out: Path) -> list[Path]:
 def _download(client: Client, output: Output, dest: Path) -> Path:
     with transfer(f"download {output.path}", output.size) as report:
         path = client.download(output, dest, on_progress=report)
-    err.print(
+    err.print(  # one line, however long the path: it is meant to be copied
         f"downloaded {safe(output.path)} → {path} (sha256 {output.sha256[:12]}… verified)",
         highlight=False,
+        markup=False,
+        soft_wrap=True,
     )
     return path
 
