@@ -10,12 +10,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
 
+import pytest
+
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.runtime import InputFile, SandboxSpec
 from sandcell.remote.guest_channel import SocketGuestChannels
-from tests.integration.conftest import RecordingSink
+from sandcell.runtime.images import build_image
+from tests.integration.conftest import IMAGE_DIR, RecordingSink
 from tests.security.conftest import AnyRuntime, assert_released
 
 ENV = {"PATH": "/usr/bin:/bin", "PYTHONPATH": "/opt/sandcell", "SANDCELL_COMPLETED_STAGES": "clean"}
@@ -70,16 +73,23 @@ def _stage_files(tmp: Path) -> list[InputFile]:
     return [InputFile(tmp / "clean.csv", "clean.csv"), InputFile(tmp / "x.txt", "deep/er/x.txt")]
 
 
+@pytest.fixture(params=["python", "python-data"])
+def guest_image(request: pytest.FixtureRequest, python_image: Image) -> Image:
+    """Every approved image carries the guest helper's mount points and runs it alike."""
+    return python_image if request.param == "python" else build_image(request.param, IMAGE_DIR)
+
+
 def test_a_resumed_job_gets_its_stages_back_and_a_read_only_channel(
-    runtime: AnyRuntime, python_image: Image, tmp_path: Path
+    runtime: AnyRuntime, guest_image: Image, tmp_path: Path
 ) -> None:
     # Under the runtime's state dir: bwrap opens bind sources as the sandbox's own host uid.
     channels = SocketGuestChannels(runtime.state_dir / "channels")
     recorder = MemoryRecorder()
-    channel = channels.open("g-resumed", recorder)  # type: ignore[arg-type]
+    sandbox_id = f"g-resumed-{guest_image.name}"
+    channel = channels.open(sandbox_id, recorder)  # type: ignore[arg-type]
     spec = _spec(
-        python_image,
-        "g-resumed",
+        guest_image,
+        sandbox_id,
         RESUMED_JOB,
         guest_channel=channel.directory,
         restore_outputs=_stage_files(tmp_path),
@@ -123,4 +133,45 @@ def test_stages_that_do_not_fit_the_disk_fail_the_start(
     result = runtime.run(spec, sink, threading.Event())
     assert result.reason is Reason.RUNTIME_ERROR and result.released
     assert "cannot start the sandbox" in result.detail and sink.stdout == ""
+    assert_released(runtime, spec.sandbox_id)
+
+
+HOSTILE_JOB = """
+import json, socket
+
+def ask(request, payload=b""):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.connect("/run/sandcell/guest/guest.sock")
+        conn.sendall(json.dumps(request).encode() + b"\\n" + payload)
+        print(json.loads(conn.makefile("rb").readline())["ok"])
+
+OTHER = "OTHER_JOB"
+ask({"op": "once", "key": "k", "job_id": OTHER})
+ask({"op": "once", "key": "k", "token": 1, "sandbox_id": OTHER})
+ask({"op": "completed_stages", "job": OTHER})
+ask({"op": "commit_stage", "name": "s", "files": [], "job_id": OTHER})
+ask({"op": "commit_stage", "name": "s", "files": [{"path": "x", "size": 1, "job": OTHER}]}, b"x")
+ask({"op": "once", "key": "k"})
+"""
+
+
+def test_a_guest_request_naming_another_job_cannot_touch_it(
+    runtime: AnyRuntime, python_image: Image
+) -> None:
+    channels = SocketGuestChannels(runtime.state_dir / "channels")
+    mine, other = MemoryRecorder(), MemoryRecorder()
+    other_channel = channels.open("g-other", other)  # type: ignore[arg-type]
+    channel = channels.open("g-hostile", mine)  # type: ignore[arg-type]
+    code = HOSTILE_JOB.replace("OTHER_JOB", "g-other")
+    spec = _spec(python_image, "g-hostile", code, guest_channel=channel.directory)
+    sink = RecordingSink()
+    try:
+        result = runtime.run(spec, sink, threading.Event())
+    finally:
+        channel.close()
+        other_channel.close()
+    assert result.reason is None and result.released, (result, sink.stderr)
+    assert sink.stdout.split() == ["False"] * 5 + ["True"]  # refused whole; then its own
+    assert (mine.stages, mine.once_keys) == ({}, ["k"])
+    assert (other.stages, other.once_keys) == ({}, [])
     assert_released(runtime, spec.sandbox_id)

@@ -45,9 +45,13 @@ class FilesystemBlobStore:
     def open(self, sha256: str) -> BinaryIO:
         return self.path(sha256).open("rb")
 
-    def delete(self, sha256: str) -> bool:
+    def delete(self, sha256: str, stored_by: float | None = None) -> bool:
+        path = self.path(sha256)
         try:
-            self.path(sha256).unlink()
+            # Every put replaces the file, so its mtime is the last time anyone stored it.
+            if stored_by is not None and path.stat().st_mtime > stored_by:
+                return False
+            path.unlink()
         except FileNotFoundError:
             return False
         return True

@@ -12,6 +12,7 @@ SandcellError
 ├── ImageUnavailable       an image that is not built or whose digest no longer matches
 ├── RuntimeUnavailable     the isolation runtime cannot be applied: fail closed
 ├── StorageFull            the artifact store has no space: the job fails, nothing half-written
+├── CorruptArtifact        a stored artifact is missing or no longer matches its sha256
 ├── StaleLease             a worker wrote with a fencing token that is no longer current
 ├── StoreUnavailable       the database cannot be reached right now (restart, failover): retry
 ├── SessionUnavailable     a session's sandbox ended or stopped answering (workspace kept)
@@ -85,6 +86,10 @@ class RuntimeUnavailable(SandcellError):
 
 class StorageFull(SandcellError):
     """The artifact storage is full."""
+
+
+class CorruptArtifact(SandcellError):
+    """A stored artifact is missing or no longer matches its sha256."""
 
 
 class StaleLease(SandcellError):

@@ -11,6 +11,7 @@ it returns. On a retry, committed files are back in /output and SANDCELL_COMPLET
 lists the stages. once() records its key before the block runs, so the block never runs twice.
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -34,15 +35,24 @@ def _request(message: dict[str, Any], files: list[str] = ()) -> dict[str, Any]: 
         raise ChannelError("this sandbox has no guest channel")
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.connect(SOCKET)
-        conn.sendall(json.dumps(message).encode() + b"\n")
-        for path in files:
-            with open(path, "rb") as content:
-                while chunk := content.read(1 << 20):
-                    conn.sendall(chunk)
-        answer: dict[str, Any] = json.loads(conn.makefile("rb").readline() or b"{}")
+        # Refused part way (the artifact disk full): the answer it sent says why.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            _send(conn, message, files)
+        try:
+            answer: dict[str, Any] = json.loads(conn.makefile("rb").readline() or b"{}")
+        except ConnectionResetError:
+            answer = {}
     if not answer.get("ok"):
         raise ChannelError(answer.get("error", "the worker did not answer"))
     return answer
+
+
+def _send(conn: socket.socket, message: dict[str, Any], files: list[str]) -> None:
+    conn.sendall(json.dumps(message).encode() + b"\n")
+    for path in files:
+        with open(path, "rb") as content:
+            while chunk := content.read(1 << 20):
+                conn.sendall(chunk)
 
 
 def _relative(path: str) -> str:

@@ -12,5 +12,11 @@ class BlobStore(Protocol):
     def path(self, sha256: str) -> Path:
         """A local path for the runtime to copy inputs from."""
 
-    def delete(self, sha256: str) -> bool: ...
+    def delete(self, sha256: str, stored_by: float | None = None) -> bool:
+        """Remove the blob; with `stored_by`, only if nobody stored it again after that time.
+
+        Content is shared: another job may have just stored the same bytes and not yet
+        recorded its artifact, so "no row refers to it" alone is not enough to delete it.
+        """
+
     def exists(self, sha256: str) -> bool: ...

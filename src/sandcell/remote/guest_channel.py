@@ -4,7 +4,9 @@ Only the sandbox of that attempt has the socket mounted, so whoever connects is 
 requests it can make are the StageRecorder's, nothing else (no API, no other job's ids).
 
 Wire format: one JSON line per request; a commit_stage line lists files with sizes, and exactly
-that many bytes of each file follow. One JSON line answers.
+that many bytes of each file follow. One JSON line answers. A request with any field its op
+does not define (a job id, a token, a tenant) is refused whole: nothing in a request can point
+the channel at anything but its own attempt.
 """
 
 import json
@@ -26,6 +28,12 @@ MAX_LINE = 64 * 1024
 MAX_FILE = 8 * 1024**3
 SUN_PATH_MAX = 107  # sockaddr_un.sun_path is 108 bytes, one of them the terminating NUL
 DIR_NAME_BYTES = 8  # 64 random bits, in 16 characters of the ~107
+FIELDS = {  # every field each op may carry; anything else refuses the request
+    "commit_stage": {"op", "name", "files"},
+    "once": {"op", "key"},
+    "completed_stages": {"op"},
+}
+FILE_FIELDS = {"path", "size"}
 
 
 class _Exactly:
@@ -101,7 +109,7 @@ class GuestChannel:
             return {"ok": False, "error": f"bad request: {type(exc).__name__}"}
 
     def _dispatch(self, request: dict[str, Any], stream: Any) -> dict[str, Any]:
-        op = request.get("op")
+        op = _checked(request)
         if op == "commit_stage":
             files = [(str(f["path"]), int(f["size"])) for f in request.get("files", [])]
             if any(size < 0 or size > MAX_FILE for _, size in files):
@@ -110,9 +118,25 @@ class GuestChannel:
             return {"files": self.recorder.commit_stage(str(request["name"]), streams)}  # type: ignore[arg-type]
         if op == "once":
             return {"run": self.recorder.once(str(request["key"]))}
-        if op == "completed_stages":
-            return {"stages": self.recorder.completed()}
+        return {"stages": self.recorder.completed()}
+
+
+def _checked(request: Any) -> str:
+    """The request's op, once every field in it is one that op defines."""
+    if not isinstance(request, dict):
+        raise SandcellError("a request is one JSON object")
+    op = request.get("op")
+    if not isinstance(op, str) or op not in FIELDS:
         raise SandcellError(f"unknown op {op!r}")
+    files = request.get("files", [])
+    if not isinstance(files, list) or not all(isinstance(item, dict) for item in files):
+        raise SandcellError("files is a list of {path, size} objects")
+    extra = set(request) - FIELDS[op]
+    for item in files:
+        extra |= set(item) - FILE_FIELDS
+    if extra:
+        raise SandcellError(f"fields {sorted(extra)} are not part of {op!r}: request refused")
+    return op
 
 
 class SocketGuestChannels:

@@ -73,7 +73,7 @@ class FileService:
         found = self.get_file(who, file_id)
         self.store.delete_file(who.tenant(), file_id)
         if not self.store.sha256_in_use(found.sha256):
-            self.blobs.delete(found.sha256)
+            self.blobs.delete(found.sha256, stored_by=found.created_at)
 
     # artifacts
 

@@ -1,7 +1,14 @@
-"""JobSink: where a running sandbox's output goes — log chunks and artifacts in the store."""
+"""JobSink: where a running sandbox's output goes — log chunks and artifacts in the store.
+
+A job's output files are stored as blobs as they are collected, but recorded as artifacts
+only by publish_outputs(), all in one transaction, once the worker has decided the job's end:
+a collection that fails part way (the artifact disk full) leaves no artifact of the job
+visible, and discard_outputs() removes the blobs nothing else refers to.
+"""
 
 import contextlib
 import errno
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +22,7 @@ from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.store import Store
 from sandcell.services.patience import patiently
 
+log = logging.getLogger("sandcell.worker")
 LOG_FLUSH_BYTES = 64 * 1024
 LOG_FLUSH_S = 0.2
 T = TypeVar("T")
@@ -41,6 +49,10 @@ class JobSink:
         self.started_at: float | None = None
         self.skipped_outputs = 0
         self._staged_files: set[tuple[str, str]] | None = None
+        self._outputs: list[Artifact] = []  # stored, not yet recorded (publish_outputs)
+        # Set when the lease is gone: another worker may own the job, so nothing of this
+        # attempt is written any more, and no store outage holds up the sandbox's stop.
+        self.abandoned = threading.Event()
         self._lock = threading.Lock()
         self._pending: list[tuple[str, bytearray]] = []
         self._pending_bytes = 0
@@ -61,6 +73,8 @@ class JobSink:
         self.sandbox_id = sandbox_id
 
     def ready(self) -> None:
+        if self.abandoned.is_set():
+            return
         at = self.started_at = time.time()
         digest, sandbox_id = self._digest(), self.sandbox_id
         self._patiently(
@@ -71,6 +85,8 @@ class JobSink:
         return self.job.image_digest or ""
 
     def output(self, stream: str, data: bytes) -> None:
+        if self.abandoned.is_set():
+            return
         with self._lock:
             if self._pending and self._pending[-1][0] == stream:
                 self._pending[-1][1].extend(data)
@@ -91,6 +107,17 @@ class JobSink:
         with self._lock:
             self._flush_locked()
 
+    def publish_outputs(self) -> None:
+        """Record every output file collected as an artifact, all in one transaction."""
+        outputs, self._outputs = self._outputs, []
+        if outputs:
+            self._patiently(lambda: self.store.add_artifacts(self.job.id, outputs, self.token))
+
+    def discard_outputs(self) -> None:
+        """Forget the outputs collected so far; remove their blobs if nothing else has them."""
+        outputs, self._outputs = self._outputs, []
+        remove_unused_blobs(self.store, self.blobs, outputs)
+
     def _flush_later(self) -> None:
         with self._lock, contextlib.suppress(SandcellError):  # the final flush() reports it
             self._flush_locked()
@@ -99,6 +126,8 @@ class JobSink:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        if self.abandoned.is_set():
+            self._pending, self._pending_bytes = [], 0
         for stream, data in self._pending:
             self._append_log(stream, bytes(data))
         self._pending, self._pending_bytes = [], 0
@@ -111,20 +140,43 @@ class JobSink:
         return patiently(call, self.patience_s)
 
     def output_file(self, path: str, content: BinaryIO, size: int) -> None:
+        if self.abandoned.is_set():
+            return
         try:
             safe_relative_path(path)
         except ValueError:
             self.skipped_outputs += 1  # a name we cannot represent safely is not published
             return
-        try:
-            sha256, stored_size = self.blobs.put(content)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StorageFull(f"artifact storage is full while storing {path}") from exc
-            raise
+        sha256, stored_size = store_blob(self.blobs, content, f"output {path}")
         if (path, sha256) in self._staged():
             return  # already an artifact: committed by a stage of this job
-        artifact = Artifact(
-            new_id("art"), self.job.tenant_id, self.job.id, path, stored_size, sha256, time.time()
+        job = self.job
+        self._outputs.append(
+            Artifact(new_id("art"), job.tenant_id, job.id, path, stored_size, sha256, time.time())
         )
-        self._patiently(lambda: self.store.add_artifact(artifact, self.token))
+
+
+def remove_unused_blobs(store: Store, blobs: BlobStore, found: list[Artifact]) -> None:
+    """Remove the blobs of artifacts that were never recorded, unless a row refers to them.
+
+    Best effort: while the store is away, a blob stays (a stray blob, never a missing one).
+    """
+    stored_by: dict[str, float] = {}
+    for artifact in found:  # made right after its blob was stored
+        stored_by[artifact.sha256] = max(artifact.created_at, stored_by.get(artifact.sha256, 0.0))
+    for sha256, at in stored_by.items():
+        try:
+            if not store.sha256_in_use(sha256):
+                blobs.delete(sha256, stored_by=at)
+        except SandcellError as exc:
+            log.warning("blob %s kept, its use unknown: %s", sha256, exc.detail)
+
+
+def store_blob(blobs: BlobStore, content: BinaryIO, what: str) -> tuple[str, int]:
+    """blobs.put, with a full disk (or quota) reported as StorageFull naming `what`."""
+    try:
+        return blobs.put(content)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise StorageFull(f"artifact storage is full: {what} could not be stored") from exc
+        raise

@@ -193,7 +193,7 @@ class JobService:
         removed, log_bytes = self.store.delete_job_data(job_id)
         for sha in {a.sha256 for a in removed}:
             if not self.store.sha256_in_use(sha):
-                self.blobs.delete(sha)
+                self.blobs.delete(sha, stored_by=job.finished_at)
         report = deletion_report(job, removed, log_bytes)
         self.audit.record(
             "job.retire",

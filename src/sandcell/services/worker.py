@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from sandcell.domain.errors import (
+    CorruptArtifact,
     ImageUnavailable,
     SandcellError,
     StaleLease,
@@ -255,8 +256,8 @@ class Worker:
     def _run_guarded(self, job: Job) -> None:
         try:
             self.run_job(job)
-        except StaleLease:
-            log.warning("job %s: lease lost; leaving it to its new owner", job.id)
+        except StaleLease as exc:
+            log.warning("job %s: %s; leaving it to its new owner", job.id, exc.detail)
         except Exception:
             log.exception("job %s: internal error", job.id)
             self._patiently(lambda: self._fail_internal(job))
@@ -283,8 +284,26 @@ class Worker:
             )
             return
         job.image_digest = image.digest
+        try:
+            spec = self._spec(job, token, image)
+        except CorruptArtifact as exc:  # a clear end, not a crash: the job cannot resume
+            log.error("job %s: %s", job.id, exc.detail)
+            self._finish(job, token, None, SandboxResult(None, Reason.INTERNAL, exc.detail))
+            return
+        recorder = StageRecorder(self.store, self.blobs, job, token)
+        with self._egress_for(job, token, image) as session, self._channel(recorder) as chan:
+            if session is not None:
+                spec = replace(spec, egress=session.attachment, env=spec.env | session.env())
+            if chan is not None:
+                spec = replace(spec, guest_channel=chan.directory)
+            outcome = self._supervised(job, token, spec)
+        job.egress = session.events() if session is not None else []
+        self._settle(job, token, outcome, recorder.storage_full)
+
+    def _spec(self, job: Job, token: int, image: Image) -> SandboxSpec:
+        """The sandbox of this attempt; CorruptArtifact if a committed stage cannot come back."""
         stages = [stage["name"] for stage in self._patiently(lambda: self.store.job_stages(job.id))]
-        spec = SandboxSpec(
+        return SandboxSpec(
             sandbox_id=f"{job.id}-{token}",
             image=image,
             argv=job.spec.command or [image.python, "/job/main.py"],
@@ -294,14 +313,6 @@ class Worker:
             inputs=self._patiently(lambda: self._inputs(job)),
             restore_outputs=self._restored(job) if stages else [],
         )
-        with self._egress_for(job, token, image) as session, self._channel(job, token) as chan:
-            if session is not None:
-                spec = replace(spec, egress=session.attachment, env=spec.env | session.env())
-            if chan is not None:
-                spec = replace(spec, guest_channel=chan.directory)
-            outcome = self._supervised(job, token, spec)
-        job.egress = session.events() if session is not None else []
-        self._settle(job, token, outcome)
 
     def _supervised(self, job: Job, token: int, spec: SandboxSpec) -> tuple[SandboxResult, JobSink]:
         """Run the sandbox with a heartbeat that renews the lease and relays cancel requests."""
@@ -309,9 +320,12 @@ class Worker:
             self.store, self.blobs, job, token, spec.sandbox_id, patience_s=self.config.lease_s
         )
         cancel = threading.Event()
+        lost = sink.abandoned  # the lease is gone: nothing of this attempt may be written
         with self._lock:
             self._cancels[job.id] = cancel
-        beat = threading.Thread(target=self._heartbeat, args=(job, token, cancel), daemon=True)
+        beat = threading.Thread(
+            target=self._heartbeat, args=(job, token, cancel, lost), daemon=True
+        )
         beat.start()
         try:
             result = self._run_sandbox(spec, sink, cancel)
@@ -320,18 +334,35 @@ class Worker:
             beat.join()
             with self._lock:
                 self._cancels.pop(job.id, None)
+        if lost.is_set():
+            sink.discard_outputs()
+            released = "released" if result.released else "NOT verified released"
+            raise StaleLease(f"lease lost; its sandbox was stopped ({released})")
         sink.flush()
         return result, sink
 
-    def _settle(self, job: Job, token: int, outcome: tuple[SandboxResult, JobSink]) -> None:
+    def _settle(
+        self,
+        job: Job,
+        token: int,
+        outcome: tuple[SandboxResult, JobSink],
+        storage_full: StorageFull | None = None,
+    ) -> None:
         result, sink = outcome
         if result.reason is Reason.CANCELLED and self._stopped_by_shutdown(job):
             # Not the caller's cancel: the job is settled as if its worker were lost, so a
-            # job with attempts left runs again elsewhere.
+            # job with attempts left runs again elsewhere (and makes its outputs again).
+            sink.discard_outputs()
             self._patiently(lambda: self.store.release_job(job.id, token, time.time()))
             self.notifier.notify(JOB_QUEUED, job.id)  # re-queued, or ended worker_lost
             self.notifier.notify(JOB_DONE, job.id)
             return
+        if storage_full is not None and result.reason is not Reason.CANCELLED:
+            # A stage commit found the artifact disk full: ours, whatever the program made of
+            # the refusal; its outputs are not published either.
+            sink.discard_outputs()
+            result = replace(result, reason=Reason.INTERNAL, detail=storage_full.detail)
+        sink.publish_outputs()
         self._finish(job, token, sink, result)
 
     def _patiently(self, call: Callable[[], T]) -> T:
@@ -351,12 +382,11 @@ class Worker:
         }
 
     @contextmanager
-    def _channel(self, job: Job, token: int) -> Iterator[GuestChannelHandle | None]:
+    def _channel(self, recorder: StageRecorder) -> Iterator[GuestChannelHandle | None]:
         if self.channels is None:
             yield None
             return
-        recorder = StageRecorder(self.store, self.blobs, job, token)
-        handle = self.channels.open(f"{job.id}-{token}", recorder)
+        handle = self.channels.open(f"{recorder.job.id}-{recorder.token}", recorder)
         try:
             yield handle
         finally:
@@ -394,7 +424,8 @@ class Worker:
     ) -> SandboxResult:
         try:
             return self.runtime.run(spec, sink, cancel)
-        except StorageFull as exc:  # ours, not the sandbox's: nothing of it was recorded
+        except StorageFull as exc:  # ours, not the sandbox's: none of its outputs is recorded
+            sink.discard_outputs()
             return SandboxResult(None, Reason.INTERNAL, exc.detail, released=True)
         except SandcellError as exc:
             return SandboxResult(None, Reason.RUNTIME_ERROR, exc.detail)
@@ -408,20 +439,31 @@ class Worker:
             inputs.append(InputFile(self.blobs.path(stored.sha256), ref.path))
         return inputs
 
-    def _heartbeat(self, job: Job, token: int, done: threading.Event) -> None:
-        """Renew the lease; turn a cancel request (or a lost lease) into `done`."""
+    def _heartbeat(
+        self, job: Job, token: int, done: threading.Event, lost: threading.Event
+    ) -> None:
+        """Renew the lease; turn a cancel request into `done`, a lost lease into both."""
         while not done.wait(min(self.config.heartbeat_s, 0.1)):
-            # Renewed at half-life, the lease has slack: an outage is tried again next tick.
-            with contextlib.suppress(StoreUnavailable):
-                self._beat(job, token, done)
+            try:
+                self._beat(job, token, done, lost)
+            except StoreUnavailable:
+                # Renewed at half-life, the lease has slack: an outage is tried again next
+                # tick. Once it has run out, another worker may run the job: stop this one.
+                if time.time() >= (job.lease_expires_at or 0):
+                    log.warning("job %s: lease ran out while the store was unreachable", job.id)
+                    lost.set()
+                    done.set()
 
-    def _beat(self, job: Job, token: int, done: threading.Event) -> None:
+    def _beat(self, job: Job, token: int, done: threading.Event, lost: threading.Event) -> None:
         if self.store.cancel_requested(job.id):
             done.set()
         if time.time() > (job.lease_expires_at or 0) - self.config.lease_s / 2:
-            if not self.store.renew_lease(job.id, token, time.time(), self.config.lease_s):
+            asked = time.time()  # the store's expiry counts from here, so does ours
+            if not self.store.renew_lease(job.id, token, asked, self.config.lease_s):
+                lost.set()
                 done.set()
-            job.lease_expires_at = time.time() + self.config.lease_s
+                return
+            job.lease_expires_at = asked + self.config.lease_s
 
     def _finish(self, job: Job, token: int, sink: JobSink | None, result: SandboxResult) -> None:
         now = time.time()
