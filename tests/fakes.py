@@ -117,6 +117,7 @@ class FakeSessionSandbox:
         self.namespace: dict[str, object] = {}
         self.stopped = False
         self.memory_restored = False
+        self.interrupts = 0  # how often the host asked: a cell here never runs long
 
     def execute(self, code: str, timeout_s: float, on_event: object = None) -> dict[str, object]:
         import contextlib
@@ -142,7 +143,7 @@ class FakeSessionSandbox:
         }
 
     def interrupt(self) -> None:
-        return None
+        self.interrupts += 1
 
     def memory_bytes(self) -> int:
         return 1

@@ -47,6 +47,7 @@ from sandcell_client._models import (
     Cell,
     CellError,
     CellEvent,
+    CellRecord,
     DeletionReport,
     Display,
     FileEntry,
@@ -62,6 +63,7 @@ from sandcell_client._models import (
     SessionInfo,
     SignedUrl,
     Tenant,
+    TenantQuotas,
 )
 
 __all__ = [
@@ -74,6 +76,7 @@ __all__ = [
     "Cell",
     "CellError",
     "CellEvent",
+    "CellRecord",
     "ChecksumMismatch",
     "Client",
     "Conflict",
@@ -113,6 +116,7 @@ __all__ = [
     "StoreUnavailable",
     "StreamError",
     "Tenant",
+    "TenantQuotas",
     "Timeout",
     "TransportError",
     "Unauthorized",

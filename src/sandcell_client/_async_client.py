@@ -41,6 +41,7 @@ from sandcell_client._models import (
     Artifact,
     Cell,
     CellEvent,
+    CellRecord,
     DeletionReport,
     FileEntry,
     FileInfo,
@@ -55,6 +56,7 @@ from sandcell_client._models import (
     SessionInfo,
     SignedUrl,
     Tenant,
+    TenantQuotas,
 )
 
 T = TypeVar("T")
@@ -329,6 +331,10 @@ class AsyncClient(BaseClient):
     async def create_key(self, tenant_id: str, scopes: list[str] | None = None) -> ApiKey:
         return await self._send(calls.create_key(tenant_id, scopes))
 
+    async def set_quotas(self, tenant_id: str, **quotas: float | None) -> TenantQuotas:
+        """Change a tenant's quotas (`sessions=8`); None puts one back to the default."""
+        return await self._send(calls.set_quotas(tenant_id, quotas))
+
     async def revoke_key(self, key_id: str) -> None:
         await self._send(calls.revoke_key(key_id))
 
@@ -418,6 +424,11 @@ class AsyncSession:
             if item.type == "result":
                 return
         raise StreamError(f"the cell stream of {self.id} ended before its result")
+
+    async def cells(self, after: int | None = None, limit: int = 20) -> list[CellRecord]:
+        """The session's recorded cells, oldest first: the newest `limit`, or those after
+        the cell numbered `after`. The history outlives the sandbox (paused, stopped)."""
+        return await self._send(calls.session_cells(self.id, after, limit))
 
     async def interrupt(self) -> None:
         await self._send(calls.interrupt(self.id))

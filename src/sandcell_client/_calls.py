@@ -18,6 +18,7 @@ from sandcell_client._models import (
     ApiKey,
     Artifact,
     Cell,
+    CellRecord,
     DeletionReport,
     FileEntry,
     FileInfo,
@@ -29,6 +30,7 @@ from sandcell_client._models import (
     SessionInfo,
     SignedUrl,
     Tenant,
+    TenantQuotas,
 )
 
 
@@ -137,6 +139,12 @@ def create_key(tenant_id: str, scopes: list[str] | None) -> Call[ApiKey]:
     return Call("POST", f"/v1/admin/tenants/{_id(tenant_id)}/keys", model(ApiKey), json=body)
 
 
+def set_quotas(tenant_id: str, quotas: dict[str, Any]) -> Call[TenantQuotas]:
+    path = f"/v1/admin/tenants/{_id(tenant_id)}"
+    body = {"quotas": quotas}
+    return Call("PATCH", path, model(TenantQuotas), json=body, idempotent=True)
+
+
 def revoke_key(key_id: str) -> Call[None]:
     return Call("DELETE", f"/v1/admin/keys/{_id(key_id)}", nothing, idempotent=True)
 
@@ -190,6 +198,11 @@ def execute(session_id: str, code: str, timeout_s: float, stream: bool = False) 
     body = {"code": code, "timeout_s": timeout_s}
     path = _session(session_id, "/execute")
     return Call("POST", path, model(Cell), json=body, headers=headers, timeout=timeout_s + 30)
+
+
+def session_cells(session_id: str, after: int | None, limit: int) -> Call[list[CellRecord]]:
+    params: dict[str, Any] = {"limit": limit} | ({"after": after} if after is not None else {})
+    return Call("GET", _session(session_id, "/cells"), items(CellRecord), params, idempotent=True)
 
 
 def interrupt(session_id: str) -> Call[None]:

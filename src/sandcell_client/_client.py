@@ -39,6 +39,7 @@ from sandcell_client._models import (
     Artifact,
     Cell,
     CellEvent,
+    CellRecord,
     DeletionReport,
     FileEntry,
     FileInfo,
@@ -53,6 +54,7 @@ from sandcell_client._models import (
     SessionInfo,
     SignedUrl,
     Tenant,
+    TenantQuotas,
 )
 
 T = TypeVar("T")
@@ -321,6 +323,10 @@ class Client(BaseClient):
     def create_key(self, tenant_id: str, scopes: list[str] | None = None) -> ApiKey:
         return self._send(calls.create_key(tenant_id, scopes))
 
+    def set_quotas(self, tenant_id: str, **quotas: float | None) -> TenantQuotas:
+        """Change a tenant's quotas (`sessions=8`); None puts one back to the default."""
+        return self._send(calls.set_quotas(tenant_id, quotas))
+
     def revoke_key(self, key_id: str) -> None:
         self._send(calls.revoke_key(key_id))
 
@@ -410,6 +416,11 @@ class Session:
             if item.type == "result":
                 return
         raise StreamError(f"the cell stream of {self.id} ended before its result")
+
+    def cells(self, after: int | None = None, limit: int = 20) -> list[CellRecord]:
+        """The session's recorded cells, oldest first: the newest `limit`, or those after
+        the cell numbered `after`. The history outlives the sandbox (paused, stopped)."""
+        return self._send(calls.session_cells(self.id, after, limit))
 
     def interrupt(self) -> None:
         self._send(calls.interrupt(self.id))

@@ -132,6 +132,15 @@ class Tenant(Record):
     name: str
 
 
+class TenantQuotas(Record):
+    """A tenant's quotas after a change: in effect, and what was set for it."""
+
+    id: str
+    name: str
+    quotas: dict[str, Any] = Field(default_factory=dict)
+    quota_overrides: dict[str, Any] = Field(default_factory=dict)
+
+
 class ApiKey(Record):
     """A new API key; `key` is shown this once."""
 
@@ -203,6 +212,15 @@ class Cell(Record):
     def images(self, mime: str = "image/png") -> list[bytes]:
         """The cell's images of that type (a matplotlib figure is one PNG)."""
         return [item.content() for item in self.display if item.mime == mime]
+
+
+class CellRecord(Cell):
+    """A cell of a session's history (`Session.cells`): its code, number and times too."""
+
+    seq: int
+    code: str = ""
+    started_at: str | None = None
+    finished_at: str | None = None
 
 
 class CellEvent(Record):

@@ -1,5 +1,6 @@
 """One contract suite for the store, run against SQLite and the real PostgreSQL."""
 
+import base64
 import secrets
 import threading
 import time
@@ -10,10 +11,12 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
-from sandcell.domain.errors import Conflict, IdempotencyMismatch, StaleLease
+from sandcell.domain.cells import CELL_CHARS, SessionCell, recorded_cell
+from sandcell.domain.errors import Conflict, IdempotencyMismatch, NotFound, StaleLease
 from sandcell.domain.ids import new_id
 from sandcell.domain.limits import Limits
 from sandcell.domain.records import Artifact, Job, JobSpec, Tenant, WorkerInfo
+from sandcell.domain.sessions import Session, SessionState
 from sandcell.domain.states import JobState, Reason
 from sandcell.store.sql import SqlStore
 from tests.conftest import sqlite_store
@@ -202,3 +205,122 @@ def test_metrics_queries_count_states_and_phases(store: SqlStore) -> None:
     buckets, total, count = store.phase_histogram("queue", [0.0, 10.0, 1e9])
     assert count == 1 and buckets[-1] == 1 and buckets[1] == 1 and total >= 0
     assert store.phase_histogram("run", [1.0]) == ([0], 0.0, 0)
+
+
+def _session(store: SqlStore, tenant: Tenant) -> Session:
+    now = time.time()
+    session = Session(
+        new_id("ses"), tenant.id, SessionState.RUNNING, {"image": "python"}, now, now, now + 60, 60
+    )
+    store.add_session(session)
+    return session
+
+
+def _cell(session: Session, code: str, **outcome: object) -> SessionCell:
+    now = time.time()
+    return recorded_cell(session.id, session.tenant_id, code, outcome, now, now + 0.01)
+
+
+def test_cells_are_numbered_per_session_and_only_the_newest_are_kept(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    first, other = _session(store, tenant), _session(store, tenant)
+    for i in range(5):
+        assert store.add_session_cell(_cell(first, f"x = {i}"), keep=3).seq == i + 1
+    assert store.add_session_cell(_cell(other, "y = 1"), keep=3).seq == 1
+    assert [c.seq for c in store.session_cells(tenant.id, first.id, None, 10)] == [3, 4, 5]
+    assert [c.code for c in store.session_cells(tenant.id, first.id, None, 2)] == ["x = 3", "x = 4"]
+    assert [c.seq for c in store.session_cells(tenant.id, first.id, 3, 10)] == [4, 5]
+    assert [c.seq for c in store.session_cells(tenant.id, first.id, 3, 1)] == [4]
+    assert store.session_cells(tenant.id, first.id, 5, 10) == []
+    assert [c.code for c in store.session_cells(tenant.id, other.id, None, 10)] == ["y = 1"]
+
+
+def test_another_tenants_cells_are_neither_read_nor_written(store: SqlStore) -> None:
+    alice, bob = _tenant(store, "alice"), _tenant(store, "bob")
+    session = _session(store, alice)
+    store.add_session_cell(_cell(session, "secret = 1"), keep=10)
+    assert store.session_cells(bob.id, session.id, None, 10) == []
+    assert store.session_cells(bob.id, session.id, 0, 10) == []
+    with pytest.raises(NotFound):
+        store.add_session_cell(replace(_cell(session, "x"), tenant_id=bob.id), keep=10)
+    with pytest.raises(NotFound):
+        store.add_session_cell(replace(_cell(session, "x"), session_id="ses_nope"), keep=10)
+
+
+def test_concurrent_cells_get_distinct_increasing_numbers(store: SqlStore) -> None:
+    session = _session(store, _tenant(store))
+    seqs: list[int] = []
+    barrier = threading.Barrier(8)
+
+    def record(i: int) -> None:
+        barrier.wait()
+        seqs.append(store.add_session_cell(_cell(session, f"c{i}"), keep=100).seq)
+
+    threads = [threading.Thread(target=record, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(seqs) == list(range(1, 9))
+
+
+def test_hostile_cell_output_round_trips_as_text(store: SqlStore) -> None:
+    session = _session(store, _tenant(store))
+    png = base64.b64encode(b"\x89PNG\r\n\x1a\n" + bytes(range(256))).decode()
+    hostile = "<script>alert(1)</script>\x1b[31mred\x1b[0m nul:\x00 lone:\ud800 ok:é😀"
+    cell = _cell(
+        session,
+        "print('<b>')",
+        stdout=hostile,
+        stderr="\x00" * 3,
+        result="'<img src=x onerror=alert(1)>'",
+        display=[{"mime": "image/png", "data": png}, {"mime": "text/html", "data": hostile}],
+        error={"ename": "E\x00", "evalue": hostile, "traceback": [hostile, "\ud83d"]},
+        execution_count=7,
+        timed_out=True,
+    )
+    store.add_session_cell(cell, keep=10)
+    [back] = store.session_cells(session.tenant_id, session.id, None, 10)
+    assert back == replace(cell, seq=1)
+    assert back.stdout.startswith("<script>alert(1)</script>\x1b[31mred")
+    assert "\x00" not in back.stdout and back.stdout.endswith("nul:\ufffd lone:? ok:é😀")
+    assert back.stderr == "\ufffd" * 3
+    assert back.display[0] == {"mime": "image/png", "data": png}
+    assert back.error is not None and back.error["traceback"][1] == "?"
+    assert (back.execution_count, back.timed_out, back.truncated) == (7, True, False)
+
+
+def test_a_big_cell_is_stored_capped_and_says_so(store: SqlStore) -> None:
+    session = _session(store, _tenant(store))
+    big_png = "A" * (CELL_CHARS + 1)
+    cell = _cell(
+        session,
+        "print('x' * 10**6)",
+        stdout="x" * 10**6,
+        display=[{"mime": "image/png", "data": "iVBOR"}, {"mime": "image/png", "data": big_png}],
+    )
+    store.add_session_cell(cell, keep=10)
+    [back] = store.session_cells(session.tenant_id, session.id, None, 10)
+    assert back.truncated
+    assert back.stdout.startswith("x" * 1000) and len(back.stdout) < 10**6
+    assert back.stdout.endswith("more characters not kept in the history]")
+    assert back.display[0] == {"mime": "image/png", "data": "iVBOR"}
+    assert back.display[1]["mime"] == "text/plain" and back.display[1]["omitted"] == "image/png"
+    stored = len(back.code) + len(back.stdout) + sum(len(d["data"]) for d in back.display)
+    assert stored < CELL_CHARS + 1000
+
+
+def test_quota_overrides_are_patched_and_reset(store: SqlStore) -> None:
+    tenant = Tenant(new_id("ten"), "q", {}, None, time.time(), {"sessions": 2, "burst": 5})
+    store.add_tenant(tenant)
+    patched = store.patch_tenant_quotas(tenant.id, {"sessions": 9, "storage_mb": 1})
+    assert patched is not None and patched.quotas == {"sessions": 9, "burst": 5, "storage_mb": 1}
+    reset = store.patch_tenant_quotas(tenant.id, {"burst": None, "jobs_per_minute": 1.5})
+    assert reset is not None and reset.quotas == {
+        "sessions": 9,
+        "storage_mb": 1,
+        "jobs_per_minute": 1.5,
+    }
+    found = store.get_tenant(tenant.id)
+    assert found is not None and found.quotas == reset.quotas
+    assert store.patch_tenant_quotas("ten_nope", {"sessions": 1}) is None

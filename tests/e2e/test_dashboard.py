@@ -347,7 +347,7 @@ def test_a_session_runs_cells_with_text_and_a_chart_and_stops(
     wait_for(browser, lambda d: css(d, "#run-cell").is_enabled(), 90)
     css(browser, "#cell-code").send_keys("print('hello from the kernel')\n6 * 7")
     click(browser, "#run-cell")
-    text_of(browser, "#cells", "hello from the kernel", 120)
+    text_of(browser, "#cells .cell-out", "hello from the kernel", 120)
     assert text_of(browser, ".cell-result") == "42"
     chart = (
         "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2, 5]); plt.title('sales'); plt.show()"
@@ -371,6 +371,118 @@ def test_a_session_runs_cells_with_text_and_a_chart_and_stops(
     browser.get(f"{server.url}/ui/#/sessions")
     css(browser, f'tr[data-session-id="{session_id}"]')
     screenshot(browser, "sessions-list")
+
+
+def session_state(driver: WebDriver) -> str | None:
+    state: str | None = driver.execute_script(
+        "return document.getElementById('session-head')?.dataset.state ?? null"
+    )
+    return state
+
+
+def run_cell(driver: WebDriver, code: str) -> None:
+    wait_for(driver, lambda d: css(d, "#run-cell").is_enabled(), 120)
+    box = css(driver, "#cell-code")
+    box.clear()
+    box.send_keys(code)
+    click(driver, "#run-cell")
+
+
+def test_a_session_page_shows_the_servers_history_and_pauses_keeping_memory(
+    server: Server, browser: WebDriver, alice: dict[str, str]
+) -> None:
+    auth = {"Authorization": alice["Authorization"]}
+    with httpx.Client(base_url=server.url, headers=auth, timeout=180) as http:
+        sid = (
+            http.post("/v1/sessions", json={"image": "python-data"}).raise_for_status().json()["id"]
+        )
+        for code in ("kept = 41", "print('from the api', kept)"):
+            http.post(f"/v1/sessions/{sid}/execute", json={"code": code}).raise_for_status()
+    sign_in(browser, server, alice["key"])
+    browser.get(f"{server.url}/ui/#/sessions/{sid}")
+    # Cells this browser never ran: the page reads them from the server.
+    text_of(browser, '#cells article.cell[data-seq="2"]', "from the api 41", 60)
+    text_of(browser, '#cells article.cell[data-seq="1"]', "kept = 41")
+    run_cell(browser, "kept += 1\nprint('<i>from the page</i>', kept)")
+    text_of(browser, '#cells article.cell[data-seq="3"]', "<i>from the page</i> 42", 120)
+    assert browser.find_elements(By.CSS_SELECTOR, "#cells i") == []
+
+    sign_in(browser, server, alice["key"])  # a fresh browser session: nothing kept locally
+    assert browser.execute_script("return Object.keys(sessionStorage)") == ["sandcell.key"]
+    browser.get(f"{server.url}/ui/#/sessions/{sid}")
+    text_of(browser, '#cells article.cell[data-seq="3"]', "from the page", 60)
+    seqs = [
+        a.get_attribute("data-seq")
+        for a in css(browser, "#cells").find_elements(By.CSS_SELECTOR, "article.cell")
+    ]
+    assert seqs == ["3", "2", "1"]  # newest first
+    screenshot(browser, "session-history")
+
+    wait_for(browser, lambda d: session_state(d) == "running", 60)
+    click(browser, "#pause")
+    wait_for(browser, lambda d: session_state(d) == "paused", 180)
+    assert text_of(browser, "#pause-mode", "memory").startswith("memory")
+    record = httpx.get(f"{server.url}/v1/sessions/{sid}", headers=auth).json()
+    assert (record["state"], record["memory_kept"]) == ("paused", True)
+    assert not css(browser, "#run-cell").is_enabled()
+    text_of(browser, '#cells article.cell[data-seq="3"]', "from the page")  # still shown
+    screenshot(browser, "session-paused")
+
+    click(browser, "#resume")
+    wait_for(browser, lambda d: session_state(d) == "running", 180)
+    run_cell(browser, "print('after resume', kept)")
+    text_of(browser, '#cells article.cell[data-seq="4"]', "after resume 42", 120)
+    screenshot(browser, "session-resumed")
+
+    click(browser, "#stop")
+    click(browser, "#confirm-yes")
+    wait_for(browser, lambda d: session_state(d) == "stopped", 120)
+    browser.refresh()
+    text_of(browser, '#cells article.cell[data-seq="4"]', "after resume 42", 60)
+    assert browser.find_elements(By.CSS_SELECTOR, "#pause, #resume, #stop") == []
+    screenshot(browser, "session-stopped-history")
+    assert csp_violations(browser) == []
+
+
+def test_the_admin_edits_a_tenants_quotas_and_they_hold(server: Server, browser: WebDriver) -> None:
+    tenant = _tenant(server, "dash-quota")
+    auth = {"Authorization": tenant["Authorization"]}
+    tenant_id = httpx.get(f"{server.url}/v1/ui/whoami", headers=auth).json()["tenant_id"]
+    row = f'tr[data-tenant-id="{tenant_id}"]'
+    sign_in(browser, server, ADMIN_KEY)
+    browser.get(f"{server.url}/ui/#/admin/tenants")
+    text_of(browser, row, "storage_mb=10240")
+    click(browser, f"{row} button.edit-quotas")
+    css(browser, "#quota-storage_mb").send_keys("0")
+    css(browser, "#quota-sessions").send_keys("1")
+    screenshot(browser, "admin-quotas-edit")
+    click(browser, "#quota-save")
+    text_of(browser, row, "storage_mb=0")
+    assert "sessions=1" in text_of(browser, row)
+    assert browser.find_elements(By.CSS_SELECTOR, "#quota-form") == []
+    screenshot(browser, "admin-quotas-saved")
+    refused = httpx.post(f"{server.url}/v1/files", files={"file": ("a", b"x")}, headers=auth)
+    assert refused.status_code == 429, refused.text
+
+    click(browser, f"{row} button.edit-quotas")
+    assert css(browser, "#quota-storage_mb").get_attribute("value") == "0"
+    click(browser, '#quota-form label[for="quota-storage_mb"] button')  # back to the default
+    click(browser, "#quota-save")
+    text_of(browser, row, "storage_mb=10240")
+    accepted = httpx.post(f"{server.url}/v1/files", files={"file": ("a", b"x")}, headers=auth)
+    assert accepted.status_code == 201, accepted.text
+    tenants = httpx.get(f"{server.url}/v1/admin/overview/tenants", headers=server.admin).json()
+    mine = next(t for t in tenants["items"] if t["id"] == tenant_id)
+    assert mine["quota_overrides"] == {"sessions": 1}
+    audit = httpx.get(
+        f"{server.url}/v1/admin/audit", params={"action": "tenant.quotas"}, headers=server.admin
+    ).json()["items"]
+    assert [e["detail"]["changes"] for e in audit if e["target"] == tenant_id] == [
+        {"storage_mb": None},
+        {"sessions": 1, "storage_mb": 0},
+    ]
+    assert csp_violations(browser) == []
+    sign_out(browser)
 
 
 def test_the_admin_sees_health_tenants_keys_and_the_audit_log(

@@ -5,12 +5,15 @@ import json
 import struct
 import subprocess
 import sys
+import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import httpx
 import pytest
 
+from sandcell.runtime.session_runsc import CHECKPOINT_DIR, CHECKPOINT_FILE
 from tests.e2e.conftest import Server, host_processes_mentioning, running_server
 from tests.e2e.pool_metrics import pool_figure, wait_for_pool
 from tests.integration.egress_servers import TestPKI
@@ -88,13 +91,99 @@ def test_a_session_keeps_state_plots_pngs_and_survives_errors(server: Server) ->
     assert host_processes_mentioning(sandbox_id) == []
 
 
-def test_interrupt_stops_a_busy_cell_and_the_session_lives_on(server: Server) -> None:
-    with _client(server, "ses-interrupt") as http:
+def _codes(http: httpx.Client, sid: str, **params: int) -> list[str]:
+    answer = http.get(f"/v1/sessions/{sid}/cells", params=params)
+    assert answer.status_code == 200, answer.text
+    return [cell["code"] for cell in answer.json()["items"]]
+
+
+def test_the_cell_history_outlives_pause_and_stop_and_only_its_tenant_reads_it(
+    server: Server,
+) -> None:
+    with _client(server, "ses-history") as http, _client(server, "ses-history-other") as other:
+        sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+        _execute(http, sid, "x = 41")
+        _execute(http, sid, "import matplotlib.pyplot as plt; plt.plot([1, 3, 2]); plt.show()")
+        _execute(http, sid, "print('<b>not bold</b>\\x00', x + 1)")
+        with http.stream(
+            "POST",
+            f"/v1/sessions/{sid}/execute",
+            json={"code": "print('streamed')\n1 / 0"},
+            headers={"Accept": "text/event-stream"},
+        ) as response:
+            assert "event: result" in response.read().decode()
+        page = http.get(f"/v1/sessions/{sid}/cells").json()
+        assert [c["seq"] for c in page["items"]] == [1, 2, 3, 4] and page["next_after"] == 4
+        first, chart, text, streamed = page["items"]
+        assert first["code"] == "x = 41" and first["error"] is None and first["execution_count"]
+        png = next(d for d in chart["display"] if d["mime"] == "image/png")
+        assert base64.b64decode(png["data"])[:8] == b"\x89PNG\r\n\x1a\n"
+        assert text["stdout"].startswith("<b>not bold</b>") and text["stdout"].endswith(" 42\n")
+        assert "\x00" not in text["stdout"]  # stored as U+FFFD: every store can hold it
+        assert streamed["stdout"] == "streamed\n"
+        assert streamed["error"]["ename"] == "ZeroDivisionError"
+        assert _codes(http, sid, after=2, limit=1) == [text["code"]]
+        assert other.get(f"/v1/sessions/{sid}/cells").status_code == 404
+
+        paused = http.post(f"/v1/sessions/{sid}/pause").json()
+        assert paused["state"] == "paused"
+        assert len(_codes(http, sid)) == 4  # read while no sandbox runs
+        assert http.post(f"/v1/sessions/{sid}/resume").json()["state"] == "running"
+        after = _execute(http, sid, "x + 1")
+        if paused["memory_kept"]:
+            assert after["result"] == "42", after
+        assert http.delete(f"/v1/sessions/{sid}").json()["state"] == "stopped"
+        history = http.get(f"/v1/sessions/{sid}/cells", params={"after": 4}).json()["items"]
+        assert [(c["seq"], c["code"]) for c in history] == [(5, "x + 1")]
+        assert other.get(f"/v1/sessions/{sid}/cells").status_code == 404
+
+
+def test_a_cell_past_its_execute_timeout_is_interrupted_and_the_session_lives_on(
+    server: Server,
+) -> None:
+    with _client(server, "ses-timeout") as http:
         sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
         started = time.monotonic()
         cell = _execute(http, sid, "while True: pass", timeout=1.5)
-        assert cell["timed_out"] or cell["interrupted"]
+        assert cell["timed_out"] and cell["interrupted"], cell
+        assert cell["error"]["ename"] == "KeyboardInterrupt"
         assert time.monotonic() - started < 10
+        assert _execute(http, sid, "1 + 1")["result"] == "2"
+        http.delete(f"/v1/sessions/{sid}")
+
+
+BUSY = "open('/workspace/busy', 'w').close()\nwhile True: pass"
+
+
+def test_interrupt_over_http_stops_while_true_within_2_s_and_the_next_cell_runs(
+    server: Server,
+) -> None:
+    headers = server.tenant("ses-interrupt")
+    answered: dict[str, httpx.Response] = {}
+
+    def busy_cell() -> None:
+        with httpx.Client(base_url=server.url, headers=headers, timeout=120) as cell_http:
+            body = {"code": BUSY, "timeout_s": 120}  # far off: only the interrupt ends it
+            answered["cell"] = cell_http.post(f"/v1/sessions/{sid}/execute", json=body)
+
+    with httpx.Client(base_url=server.url, headers=headers, timeout=120) as http:
+        sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+        runner = threading.Thread(target=busy_cell, daemon=True)
+        runner.start()
+        deadline = time.monotonic() + 30
+        while http.get(f"/v1/sessions/{sid}/files/busy").status_code != 200:
+            assert time.monotonic() < deadline, "the busy cell never started"
+            time.sleep(0.05)
+        sent = time.monotonic()
+        interrupt = http.post(f"/v1/sessions/{sid}/interrupt")
+        runner.join(timeout=30)
+        took = time.monotonic() - sent
+        assert interrupt.status_code == 202 and interrupt.json() == {"interrupted": True}
+        assert not runner.is_alive() and took < 2, f"the cell answered {took:.2f} s after"
+        cell = answered["cell"]
+        assert cell.status_code == 200, cell.text
+        assert cell.json()["error"]["ename"] == "KeyboardInterrupt", cell.json()
+        assert cell.json()["interrupted"] and not cell.json()["timed_out"]
         assert _execute(http, sid, "1 + 1")["result"] == "2"
         http.delete(f"/v1/sessions/{sid}")
 
@@ -167,6 +256,49 @@ def test_an_idle_session_is_stopped_and_its_sandbox_released(server: Server) -> 
     assert host_processes_mentioning(sandbox_id) == []
 
 
+def _stopped(http: httpx.Client, sid: str, within_s: float) -> dict:
+    deadline = time.monotonic() + within_s
+    while (record := http.get(f"/v1/sessions/{sid}").json())["state"] != "stopped":
+        assert time.monotonic() < deadline, record
+        time.sleep(0.5)
+    return dict(record)
+
+
+def _at(iso: str) -> float:
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def test_a_session_past_its_ttl_is_stopped_and_its_sandbox_released(server: Server) -> None:
+    with _client(server, "ses-ttl") as http:
+        # ttl_s only has to be > 0; the idle timeout (default 600 s) stays far off.
+        created = http.post("/v1/sessions", json={"image": "python-data", "ttl_s": 3})
+        assert created.status_code == 201, created.text
+        sid = created.json()["id"]
+        sandbox_id = _sandbox_of(http, sid)
+        record = _stopped(http, sid, within_s=30)
+        assert record["reason"] == "ttl"
+        assert _at(record["stopped_at"]) >= _at(record["expires_at"])
+    assert host_processes_mentioning(sandbox_id) == []
+    assert not (server.data_dir / "sessions" / sid).exists()
+
+
+def test_a_paused_session_past_its_ttl_loses_its_checkpoint(server: Server) -> None:
+    with _client(server, "ses-ttl-paused") as http:
+        # Long enough to start, run a cell and checkpoint before the TTL ends.
+        sid = http.post("/v1/sessions", json={"image": "python-data", "ttl_s": 15}).json()["id"]
+        sandbox_id = _sandbox_of(http, sid)
+        _execute(http, sid, "x = 41")
+        paused = http.post(f"/v1/sessions/{sid}/pause").json()
+        assert paused["state"] == "paused" and paused["pause_mode"] == "memory", paused
+        state_dir = server.data_dir / "sessions" / sid
+        assert (state_dir / CHECKPOINT_DIR / CHECKPOINT_FILE).is_file()
+        record = _stopped(http, sid, within_s=45)
+        assert record["reason"] == "ttl"
+        assert not state_dir.exists()  # the checkpoint and the workspace volume with it
+        assert http.post(f"/v1/sessions/{sid}/resume").status_code == 409
+    assert host_processes_mentioning(sandbox_id) == []
+
+
 def test_execute_streams_output_as_it_is_produced(server: Server) -> None:
     with _client(server, "ses-stream") as http:
         sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
@@ -235,6 +367,17 @@ def test_the_session_cli_starts_executes_saves_a_chart_and_stops(
     chart = cli("exec", sid, "import matplotlib.pyplot as plt; plt.plot([1, 3, 2]); plt.show()")
     assert chart.returncode == 0, chart.stderr
     assert (tmp_path / "image-0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    paused = cli("pause", sid, "--json")
+    assert paused.returncode == 0, paused.stderr
+    assert json.loads(paused.stdout)["pause_mode"] == "memory"
+    resumed = cli("resume", sid, "--json")
+    assert resumed.returncode == 0 and json.loads(resumed.stdout)["state"] == "running"
+    assert cli("exec", sid, "x + 1").stdout.strip() == "42"  # memory kept across the pause
     failed = cli("exec", sid, "1 / 0")
     assert failed.returncode == 1 and "ZeroDivisionError" in failed.stderr
+    history = json.loads(cli("cells", sid, "--json").stdout)
+    assert [c["code"] for c in history][:2] == ["x = 41", "x + 1"]
+    assert history[-1]["error"]["ename"] == "ZeroDivisionError"
+    shown = cli("cells", sid, "--after", "1", "--limit", "1")
+    assert shown.returncode == 0 and "x + 1" in shown.stdout and "42" in shown.stdout
     assert json.loads(cli("stop", sid, "--json").stdout)["state"] == "stopped"

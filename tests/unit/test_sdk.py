@@ -207,6 +207,7 @@ def test_sessions_through_the_sync_sdk(api: Api, tmp_path: Path) -> None:
         assert session.pause().state == "paused"
         assert session.resume().state == "running"
         session.interrupt()
+        assert api.session_runtime.sandboxes[-1].interrupts == 1  # the resumed sandbox's
         assert session.preview_url(8000).startswith("http://testserver/v1/previews/")
         assert client.sessions.get(session.id).info.executions >= 3
         assert session.id in {s.id for s in client.sessions.list(live=True)}
@@ -314,3 +315,31 @@ def test_records_keep_unknown_fields_and_mapping_access() -> None:
     job = sandcell_client.Job.model_validate({"id": "j", "state": "running", "new_field": 1})
     assert job["id"] == "j" and job.get("new_field") == 1 and not job.terminal
     assert json.loads(job.model_dump_json())["new_field"] == 1
+
+
+def test_session_history_and_quota_changes_through_both_clients(api: Api) -> None:
+    admin, _ = _sync(api, ADMIN_KEY)
+    tenant = admin.create_tenant("sdk-history")
+    changed = admin.set_quotas(tenant.id, sessions=2, burst=None)
+    assert changed.quota_overrides == {"sessions": 2} and changed.quotas["sessions"] == 2
+    with pytest.raises(InvalidRequest):
+        admin.set_quotas(tenant.id, sessions=-1)
+    with pytest.raises(NotFound):
+        admin.set_quotas("ten_nope", sessions=1)
+    key = admin.create_key(tenant.id).key
+    client, _ = _sync(api, key)
+    with client.sessions.create() as session:
+        for code in ("a = 1", "print(a + 1)", "1 / 0"):
+            session.execute(code)
+        cells = session.cells()
+        assert [(c.seq, c.code) for c in cells] == [(1, "a = 1"), (2, "print(a + 1)"), (3, "1 / 0")]
+        assert cells[1].stdout == "2\n" and cells[2].error is not None
+        assert [c.seq for c in session.cells(after=1, limit=1)] == [2]
+
+    async def main() -> list[int]:
+        async with _async(api, key) as aclient, _async(api, ADMIN_KEY) as aadmin:
+            found = await aclient.sessions.attach(session.id).cells(limit=2)
+            assert (await aadmin.set_quotas(tenant.id, sessions=None)).quota_overrides == {}
+            return [c.seq for c in found]
+
+    assert anyio.run(main) == [2, 3]  # the history outlives the stopped session

@@ -1,7 +1,12 @@
 """Session service logic over a fake session runtime: lifecycle, quotas, files, previews."""
 
 import time
+from datetime import datetime
+from types import SimpleNamespace
 
+import pytest
+
+from sandcell.services import sessions as session_service
 from tests.conftest import ADMIN_KEY, Api
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -23,17 +28,29 @@ def test_a_session_keeps_state_across_cells_and_another_tenant_sees_404(api: Api
         f"/v1/sessions/{sid}/execute", json={"code": "print(x + 1)"}, headers=alice
     )
     assert cell.json()["stdout"] == "42\n"
-    for method, path in [
-        ("GET", f"/v1/sessions/{sid}"),
-        ("POST", f"/v1/sessions/{sid}/execute"),
-        ("POST", f"/v1/sessions/{sid}/pause"),
-        ("DELETE", f"/v1/sessions/{sid}"),
-        ("GET", f"/v1/sessions/{sid}/files"),
-        ("POST", f"/v1/sessions/{sid}/ports/8000/url"),
+    put = api.http.put(f"/v1/sessions/{sid}/files/a.txt", content=b"alice's", headers=alice)
+    assert put.status_code == 200, put.text
+    stream = {"Accept": "text/event-stream"}
+    for method, path, extra in [
+        ("GET", f"/v1/sessions/{sid}", {}),
+        ("POST", f"/v1/sessions/{sid}/execute", {}),
+        ("POST", f"/v1/sessions/{sid}/execute", stream),
+        ("POST", f"/v1/sessions/{sid}/interrupt", {}),
+        ("POST", f"/v1/sessions/{sid}/pause", {}),
+        ("POST", f"/v1/sessions/{sid}/resume", {}),
+        ("DELETE", f"/v1/sessions/{sid}", {}),
+        ("GET", f"/v1/sessions/{sid}/files", {}),
+        ("GET", f"/v1/sessions/{sid}/files/a.txt", {}),
+        ("PUT", f"/v1/sessions/{sid}/files/a.txt", {}),
+        ("POST", f"/v1/sessions/{sid}/ports/8000/url", {}),
     ]:
-        answer = api.http.request(method, path, json={"code": "1"}, headers=bob)
-        assert answer.status_code == 404, (method, path, answer.text)
-    assert api.http.get(f"/v1/sessions/{sid}", headers=alice).json()["executions"] == 2
+        answer = api.http.request(method, path, json={"code": "1"}, headers=bob | extra)
+        assert answer.status_code == 404, (method, path, extra, answer.text)
+    mine = api.http.get(f"/v1/sessions/{sid}", headers=alice).json()
+    assert mine["state"] == "running" and mine["executions"] == 2
+    assert api.session_runtime.sandboxes[-1].interrupts == 0
+    got = api.http.get(f"/v1/sessions/{sid}/files/a.txt", headers=alice)
+    assert got.content == b"alice's"
 
 
 def test_a_workspace_upload_is_raw_bytes_held_to_the_file_limit_not_the_json_one(
@@ -125,6 +142,21 @@ def test_preview_urls_need_their_token(api: Api) -> None:
     forged = token.rsplit(".", 1)[0].replace(".8000.", ".22.") + "." + token.rsplit(".", 1)[1]
     assert api.http.get(f"/v1/previews/{forged}/").status_code == 401
     assert api.http.get("/v1/previews/nonsense/").status_code == 401
+
+
+def test_a_preview_token_past_its_expiry_answers_401(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice = api.tenant("alice")
+    sid = _start(api, alice)["id"]
+    minted = api.http.post(f"/v1/sessions/{sid}/ports/8000/url", headers=alice).json()
+    url, expires = minted["url"], datetime.fromisoformat(minted["expires_at"]).timestamp()
+    assert url.split("/")[3].split(".")[2] == str(int(expires))  # the expiry it is signed with
+    assert api.http.get(url).status_code == 200
+    # The session service's clock moves past the expiry; the token is otherwise untouched.
+    monkeypatch.setattr(session_service, "time", SimpleNamespace(time=lambda: expires + 1))
+    expired = api.http.get(url)
+    assert expired.status_code == 401 and "expired" in expired.json()["detail"]
 
 
 def test_execute_streams_as_server_sent_events(api: Api) -> None:

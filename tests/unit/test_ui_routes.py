@@ -98,3 +98,22 @@ def test_health_reports_images_workers_queue_and_the_metrics_histograms(api: Api
     assert ack["count"] == 1 and ack["cumulative"][-1] == 1
     metrics = api.http.get("/metrics").text
     assert "sandcell_submit_ack_seconds_count 1.0" in metrics
+
+
+def test_the_tenants_overview_tells_own_quotas_from_defaults(api: Api) -> None:
+    api.tenant("alice")
+    [tenant] = api.http.get("/v1/admin/overview/tenants", headers=ADMIN).json()["items"]
+    assert tenant["quota_overrides"] == {} and tenant["quotas"]["sessions"] == 4
+    patched = api.http.patch(
+        f"/v1/admin/tenants/{tenant['id']}", json={"quotas": {"sessions": 2}}, headers=ADMIN
+    )
+    assert patched.status_code == 200, patched.text
+    [tenant] = api.http.get("/v1/admin/overview/tenants", headers=ADMIN).json()["items"]
+    assert tenant["quota_overrides"] == {"sessions": 2} and tenant["quotas"]["sessions"] == 2
+
+
+def test_session_charts_may_be_data_urls_and_cells_are_not_kept_in_the_browser(api: Api) -> None:
+    csp = api.http.get("/ui/").headers["content-security-policy"]
+    assert "img-src 'self' data:" in csp
+    page = api.http.get("/ui/js/pages/sessions.js").text
+    assert "/cells" in page and "sessionStorage" not in page

@@ -4,12 +4,18 @@ import hashlib
 import threading
 import time
 from dataclasses import replace
+from types import SimpleNamespace
+from urllib.parse import parse_qs, urlsplit
 
+import httpx
 import pytest
 
 from sandcell.domain.errors import StaleLease
 from sandcell.domain.states import JobState
+from sandcell.services import files
+from sandcell.services import worker as worker_module
 from sandcell.services.worker import Worker, WorkerConfig
+from sandcell.settings import Settings
 from tests.conftest import Api
 from tests.fakes import FakeEgress, FakeImages, HostProcessRuntime
 
@@ -63,6 +69,33 @@ def test_signed_urls_work_without_a_key_and_fail_when_tampered_or_crossed(api: A
     assert api.http.get(url).content == b"hi"
     assert api.http.get(url.replace("sig=", "sig=0")).status_code == 401
     assert api.http.get(url.replace("expires=", "expires=1")).status_code == 401
+
+
+def _stopped_clock(at: float) -> SimpleNamespace:
+    """The `time` module as a module under test sees it, with `time.time()` stopped at `at`."""
+    return SimpleNamespace(**(vars(time) | {"time": lambda: at}))
+
+
+def test_a_signed_url_is_refused_once_it_has_expired(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice = api.tenant("alice")
+    job = api.http.post(
+        "/v1/jobs", json={"code": "open('/output/a.txt','w').write('hi')"}, headers=alice
+    ).json()
+    _run_all(api)
+    [output] = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()["outputs"]
+    url = api.http.post(f"/v1/artifacts/{output['artifact_id']}/url", headers=alice).json()["url"]
+    expires = int(parse_qs(urlsplit(url).query)["expires"][0])
+    assert time.time() + 50 < expires <= time.time() + 60  # the configured 60 s
+    # The same correctly signed URL, read by a server whose clock has moved on.
+    monkeypatch.setattr(files, "time", _stopped_clock(expires))
+    assert api.http.get(url).content == b"hi"  # valid up to its last second
+    monkeypatch.setattr(files, "time", _stopped_clock(expires + 1))
+    refused = api.http.get(url)
+    assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["detail"] == "this download URL has expired"
 
 
 def test_nonzero_exit_is_exit_code_and_cancel_of_running_job_is_honoured(api: Api) -> None:
@@ -134,6 +167,29 @@ def test_expired_jobs_fail_with_expired(api: Api) -> None:
     _worker(api).housekeeping()
     record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()
     assert (record["state"], record["reason"]) == ("failed", "expired")
+
+
+def test_idempotency_keys_replay_for_a_day_and_are_purged_after_the_ttl(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice = api.tenant("alice") | {"Idempotency-Key": "nightly-report"}
+    first = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice)
+    assert first.status_code == 202
+    submitted, worker = time.time(), _worker(api)
+    ttl = worker.config.idempotency_ttl_s
+    assert ttl == Settings.model_fields["idempotency_ttl_s"].default == 48 * 3600
+
+    def replay_after(age_s: float) -> httpx.Response:
+        """The worker's housekeeping (which purges keys) runs `age_s` after the submission."""
+        monkeypatch.setattr(worker_module, "time", _stopped_clock(submitted + age_s))
+        worker.housekeeping()
+        return api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice)
+
+    for age_s in (3600, 24 * 3600 - 60, 24 * 3600 + 60, ttl - 60):  # kept at least 24 h
+        again = replay_after(age_s)
+        assert (again.status_code, again.json()["id"]) == (200, first.json()["id"]), age_s
+    fresh = replay_after(ttl + 60)  # purged: the same key and body make a new job
+    assert fresh.status_code == 202 and fresh.json()["id"] != first.json()["id"]
 
 
 def test_long_poll_answers_when_the_job_ends(api: Api) -> None:

@@ -8,7 +8,16 @@ from pydantic import BeforeValidator
 
 from sandcell.api.deps import Admin, Svc
 from sandcell.api.problems import problem_responses
-from sandcell.api.schemas import AuditEventOut, AuditPage, KeyIn, KeyOut, TenantIn, TenantOut
+from sandcell.api.schemas import (
+    AuditEventOut,
+    AuditPage,
+    KeyIn,
+    KeyOut,
+    TenantIn,
+    TenantOut,
+    TenantPatch,
+    TenantQuotasOut,
+)
 from sandcell.api.views import iso
 
 router = APIRouter(prefix="/v1/admin", tags=["admin"])
@@ -33,6 +42,24 @@ def create_tenant(svc: Svc, who: Admin, body: TenantIn) -> TenantOut:
         actor=who.key_id,
     )
     return TenantOut(id=tenant.id, name=tenant.name)
+
+
+@router.patch(
+    "/tenants/{tenant_id}",
+    response_model=TenantQuotasOut,
+    responses=problem_responses(404),
+)
+def update_tenant(svc: Svc, who: Admin, tenant_id: str, body: TenantPatch) -> TenantQuotasOut:
+    """Change a tenant's quotas: only the ones named (null puts one back to the default).
+    They apply to the next submission or session; nothing running is stopped."""
+    changes = body.quotas.model_dump(exclude_unset=True)
+    tenant = svc.auth.set_quotas(tenant_id, changes, actor=who.key_id)
+    return TenantQuotasOut(
+        id=tenant.id,
+        name=tenant.name,
+        quotas=svc.jobs.policy.quotas_for(tenant).as_dict(),
+        quota_overrides=tenant.quotas,
+    )
 
 
 @router.post(

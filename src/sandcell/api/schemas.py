@@ -247,6 +247,20 @@ class TenantOut(BaseModel):
     name: str
 
 
+class TenantPatch(Strict):
+    quotas: QuotasIn = Field(
+        default_factory=QuotasIn,
+        description="the quotas to change; null resets one to the server's default",
+    )
+
+
+class TenantQuotasOut(BaseModel):
+    id: str
+    name: str
+    quotas: dict[str, Any] = Field(description="in effect: the defaults with the overrides")
+    quota_overrides: dict[str, Any] = Field(description="what was set for this tenant")
+
+
 class KeyIn(Strict):
     scopes: list[str] | None = Field(None, max_length=8)
 
@@ -358,6 +372,31 @@ class ExecuteOut(BaseModel):
     duration_ms: float | None = None
     timed_out: bool = False
     interrupted: bool = False
+
+
+class SessionCellOut(BaseModel):
+    """One recorded cell of a session: its code and what it answered. A cell that failed
+    outside the kernel (its sandbox died, its worker went) has that failure as its error."""
+
+    seq: int = Field(description="1, 2, … in the order the session ran them")
+    code: str
+    stdout: str
+    stderr: str
+    result: str | None
+    display: list[DisplayOut]
+    error: CellError | None
+    execution_count: int | None
+    timed_out: bool
+    interrupted: bool
+    truncated: bool = Field(description="output was cut, by the kernel or the history's cap")
+    started_at: str
+    finished_at: str
+    duration_ms: float
+
+
+class SessionCellPage(BaseModel):
+    items: list[SessionCellOut] = Field(description="oldest first")
+    next_after: int | None = Field(description="pass as `after` to get only later cells")
 
 
 class FileEntry(BaseModel):

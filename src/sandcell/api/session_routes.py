@@ -18,11 +18,14 @@ from sandcell.api.schemas import (
     FileWritten,
     InterruptOut,
     PreviewUrlOut,
+    SessionCellOut,
+    SessionCellPage,
     SessionIn,
     SessionOut,
     SessionPage,
 )
 from sandcell.api.views import iso
+from sandcell.domain.cells import KEEP_CELLS, SessionCell
 from sandcell.domain.errors import PayloadTooLarge
 from sandcell.domain.sessions import Session
 from sandcell.services.sessions import SessionRequest
@@ -126,6 +129,38 @@ def _sse(items: Iterator[tuple[str, dict[str, Any]]]) -> Iterator[str]:
     for kind, item in items:
         name = str(item.get("type", "output")) if kind == "event" else kind
         yield f"event: {name}\ndata: {json.dumps(item)}\n\n"
+
+
+@router.get(
+    "/sessions/{session_id}/cells",
+    response_model=SessionCellPage,
+    responses=problem_responses(404),
+)
+def list_cells(
+    svc: Svc,
+    who: Caller,
+    session_id: str,
+    after: Annotated[int | None, Query(ge=0, le=2**31 - 1, description="a cell's seq")] = None,
+    limit: Annotated[int, Query(ge=1, le=KEEP_CELLS)] = 20,
+) -> SessionCellPage:
+    """The session's recent cells, oldest first: the newest `limit`, or with `after` the
+    first `limit` cells run since. Kept after the session stops or pauses (the newest
+    100 per session; each cell's output capped at about 2 MB, then `truncated`)."""
+    cells = svc.sessions.cells(who, session_id, after, limit)
+    return SessionCellPage(
+        items=[cell_out(cell) for cell in cells],
+        next_after=cells[-1].seq if cells else after,
+    )
+
+
+def cell_out(cell: SessionCell) -> SessionCellOut:
+    return SessionCellOut.model_validate(
+        {
+            **{k: v for k, v in vars(cell).items() if k not in ("session_id", "tenant_id")},
+            "started_at": iso(cell.started_at) or "",
+            "finished_at": iso(cell.finished_at) or "",
+        }
+    )
 
 
 @router.post(

@@ -180,7 +180,8 @@ def _images(svc: Services) -> list[ImageOut]:
 
 @router.get("/admin/overview/tenants", response_model=TenantPage, tags=["admin"])
 def tenants(svc: Svc, _: Admin, request: Request) -> TenantPage:
-    """Every tenant with its limits, allowed images and effective quotas."""
+    """Every tenant with its limits, allowed images and quotas (in effect, and set for it).
+    Change them with PATCH /v1/admin/tenants/{id}."""
     return TenantPage(
         items=[
             TenantSummary(
@@ -190,6 +191,7 @@ def tenants(svc: Svc, _: Admin, request: Request) -> TenantPage:
                 limits=t.limits,
                 images=t.images,
                 quotas=svc.jobs.policy.quotas_for(t).as_dict(),
+                quota_overrides=t.quotas,
             )
             for t in overview(request).tenants()
         ]

@@ -79,7 +79,8 @@ class TenantSummary(BaseModel):
     created_at: str
     limits: dict[str, Any]
     images: list[str] | None
-    quotas: dict[str, Any]
+    quotas: dict[str, Any]  # in effect
+    quota_overrides: dict[str, Any]  # set for this tenant (the rest are the defaults)
 
 
 class TenantPage(BaseModel):

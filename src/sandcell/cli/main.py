@@ -2,8 +2,11 @@
 
 import json
 import logging
+import shlex
+import shutil
 import signal
 import socket
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,7 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from sandcell import __version__
-from sandcell.cli import workers
+from sandcell.cli import tenants, workers
 from sandcell.cli.acceptance import acceptance
 from sandcell.cli.bench import bench_command
 from sandcell.cli.client import AsJson, client_app, run_command
@@ -27,6 +30,7 @@ image_app = typer.Typer(no_args_is_help=True, help="Build and list approved imag
 app.add_typer(admin_app, name="admin")
 admin_app.command("workers")(workers.list_workers)
 admin_app.command("drain-worker")(workers.drain_worker)
+admin_app.command("set-quotas")(tenants.set_quotas)
 app.add_typer(image_app, name="image")
 app.add_typer(client_app, name="jobs")
 app.add_typer(session_app, name="session")
@@ -93,10 +97,7 @@ def serve(
     api = build_api(settings)  # creates the schema before the worker starts
     worker = None if no_worker else EmbeddedWorker(settings.data_dir)
     err.print(f"sandcell {__version__} on http://{settings.host}:{settings.port}")
-    err.print(
-        "API key: `sandcell admin create-tenant NAME` then `sandcell admin create-key --tenant ID`"
-        " (or set SANDCELL_ADMIN_KEY and use POST /v1/admin/tenants)."
-    )
+    err.print(api_key_hint(settings), highlight=False, markup=False, soft_wrap=True)
     # uvicorn re-raises the SIGTERM it handled once it has stopped; with the default handler
     # that would kill this process before it waits for the worker to pause its sessions.
     signal.signal(signal.SIGTERM, lambda *_: None)
@@ -105,6 +106,30 @@ def serve(
     finally:
         if worker is not None:
             worker.close()
+
+
+def api_key_hint(settings: Settings) -> str:
+    """How to get a tenant key, as commands that can be pasted into a shell as printed."""
+    command = invocation()
+    if settings.data_dir != Settings.model_fields["data_dir"].default:
+        command = f"SANDCELL_DATA_DIR={shlex.quote(str(settings.data_dir))} {command}"
+    return (
+        f"API key: `{command} admin create-tenant NAME` then"
+        f" `{command} admin create-key --tenant ID`"
+        " (or set SANDCELL_ADMIN_KEY and use POST /v1/admin/tenants)."
+    )
+
+
+def invocation() -> str:
+    """This program as a command: after the README's install it is `.venv/bin/sandcell`,
+    which is not on PATH, so a bare `sandcell` would not be found."""
+    program = Path(sys.argv[0])
+    if program.suffix == ".py":  # python -m sandcell.cli.main
+        return f"{shlex.quote(sys.executable)} -m sandcell.cli.main"
+    found = shutil.which(program.name)
+    if found is not None and Path(found).resolve() == program.resolve():
+        return program.name
+    return shlex.quote(str(program.absolute()))
 
 
 @app.command()
@@ -150,33 +175,46 @@ def _serve_internal(api: Any, listener: socket.socket) -> None:
     ).start()
 
 
+def _print_record(record: dict[str, Any], as_json: bool) -> None:
+    if as_json:  # exactly one JSON document on stdout, for scripts
+        print(json.dumps(record))
+    else:
+        console.print_json(json.dumps(record))
+
+
 @admin_app.command("create-tenant")
-def create_tenant(name: str, images: Annotated[list[str] | None, typer.Option()] = None) -> None:
+def create_tenant(
+    name: str, images: Annotated[list[str] | None, typer.Option()] = None, as_json: AsJson = False
+) -> None:
     """Create a tenant; prints its id."""
     from sandcell.app import build_services
 
     tenant = build_services(_settings()).auth.create_tenant(name, None, images)
-    console.print_json(json.dumps({"id": tenant.id, "name": tenant.name}))
+    _print_record({"id": tenant.id, "name": tenant.name}, as_json)
 
 
 @admin_app.command("create-key")
 def create_key(
     tenant: Annotated[str | None, typer.Option(help="tenant id; without it, an admin key")] = None,
+    as_json: AsJson = False,
 ) -> None:
     """Make an API key (shown once). Without --tenant: an admin key."""
     from sandcell.app import build_services
 
     key = build_services(_settings()).auth.create_key(tenant)
-    console.print_json(json.dumps({"id": key.split("_")[1], "key": key, "tenant_id": tenant}))
+    _print_record({"id": key.split("_")[1], "key": key, "tenant_id": tenant}, as_json)
 
 
 @admin_app.command("revoke-key")
-def revoke_key(key_id: str) -> None:
+def revoke_key(key_id: str, as_json: AsJson = False) -> None:
     """Revoke a key; effective at once."""
     from sandcell.app import build_services
 
     build_services(_settings()).auth.revoke_key(key_id)
-    console.print(f"revoked {key_id}")
+    if as_json:
+        print(json.dumps({"id": key_id, "revoked": True}))
+    else:
+        console.print(f"revoked {key_id}")
 
 
 @image_app.command("build")

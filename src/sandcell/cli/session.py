@@ -19,7 +19,7 @@ from sandcell.cli.client import (
     err,
     safe,
 )
-from sandcell_client import Cell, Client, Session, SessionInfo
+from sandcell_client import Cell, CellRecord, Client, Session, SessionInfo
 
 session_app = typer.Typer(no_args_is_help=True, help="Stateful interpreter sessions.")
 
@@ -120,6 +120,42 @@ def list_sessions(
     for info in found:
         table.add_row(info.id, info.state, info.image, str(info.executions), info.expires_at)
     console.print(table)
+
+
+@session_app.command("cells")
+def cells(
+    session_id: str,
+    after: Annotated[int | None, typer.Option(help="only cells numbered above this")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100)] = 20,
+    url: Url = DEFAULT_URL,
+    key: Key = "",
+    as_json: AsJson = False,
+) -> None:
+    """Show the session's recent cells: kept on the server, also after it paused or stopped."""
+    found = call(lambda: _session(_client(url, key), session_id).cells(after, limit), url)
+    if as_json:
+        _emit(found)
+        return
+    for cell in found:
+        _show_history(cell)
+
+
+def _show_history(cell: CellRecord) -> None:
+    took = f"{cell.duration_ms:.0f} ms" if cell.duration_ms is not None else ""
+    console.rule(f"[{cell.seq}] {cell.started_at or ''} {took}", align="left", style="dim")
+    console.print(safe(cell.code), markup=False, highlight=False, style="cyan")
+    if cell.stdout:
+        print(safe(cell.stdout), end="" if cell.stdout.endswith("\n") else "\n")
+    if cell.stderr:
+        err.print(safe(cell.stderr), markup=False, highlight=False, end="")
+    for item in cell.display:
+        print(safe(item.data) if item.mime == "text/plain" else f"[{item.mime} output]")
+    if cell.result is not None:
+        print(safe(cell.result))
+    if cell.error:
+        err.print(safe(f"{cell.error.ename}: {cell.error.evalue}"), markup=False, highlight=False)
+    if cell.truncated:
+        err.print("[output truncated]", markup=False, style="dim")
 
 
 @session_app.command("pause")

@@ -2,6 +2,7 @@
 
 from typing import Any, Protocol
 
+from sandcell.domain.cells import SessionCell
 from sandcell.domain.quotas import Admission
 from sandcell.domain.records import (
     ApiKey,
@@ -23,6 +24,9 @@ class Store(Protocol):
     # tenants and keys
     def add_tenant(self, tenant: Tenant) -> None: ...
     def get_tenant(self, tenant_id: str) -> Tenant | None: ...
+    def patch_tenant_quotas(self, tenant_id: str, changes: dict[str, Any]) -> Tenant | None:
+        """Set the quota overrides in `changes` (None drops one); None if no such tenant."""
+
     def add_api_key(self, key: ApiKey, key_hash: str) -> None: ...
     def get_api_key(self, key_id: str) -> tuple[ApiKey, str] | None: ...
     def revoke_api_key(self, key_id: str, at: float) -> bool: ...
@@ -66,6 +70,9 @@ class Store(Protocol):
 
     def append_log(self, job_id: str, token: int, stream: str, data: bytes) -> None: ...
     def add_artifact(self, artifact: Artifact, token: int) -> None: ...
+    def add_artifacts(self, job_id: str, found: list[Artifact], token: int) -> None:
+        """Record all of `found` in one transaction, or none (StaleLease if not current)."""
+
     def finish_job(self, job: Job, token: int) -> None:
         """Write the terminal fields of `job`; raise StaleLease if `token` is not current."""
 
@@ -107,8 +114,13 @@ class Store(Protocol):
 
     # stages and once-blocks
     def commit_stage(
-        self, job_id: str, token: int, name: str, files: list[dict[str, Any]], at: float
-    ) -> None: ...
+        self, job_id: str, token: int, name: str, stored: list[Artifact], at: float
+    ) -> list[dict[str, Any]]:
+        """Record the stage and its artifacts in one transaction; return the stage's files.
+
+        StaleLease if `token` is not current, Conflict if the stage is already committed.
+        """
+
     def record_once(self, job_id: str, token: int, key: str, at: float) -> bool: ...
     def job_stages(self, job_id: str) -> list[dict[str, Any]]: ...
     def once_keys(self, job_id: str) -> list[str]: ...
@@ -121,6 +133,17 @@ class Store(Protocol):
     def list_sessions(self, tenant_id: str, live_only: bool, limit: int) -> list[Session]: ...
     def sessions_of_worker(self, worker_id: str, states: list[SessionState]) -> list[Session]: ...
     def count_live_sessions(self, tenant_id: str) -> int: ...
+    def add_session_cell(self, cell: SessionCell, keep: int) -> SessionCell:
+        """Record an executed cell under the session's next number, keeping the newest `keep`.
+
+        Raises NotFound if the session is not the cell's tenant's.
+        """
+
+    def session_cells(
+        self, tenant_id: str, session_id: str, after: int | None, limit: int
+    ) -> list[SessionCell]:
+        """Oldest first: the `limit` cells numbered above `after`, or else the newest `limit`."""
+
     def fail_orphan_sessions(self, live_worker_ids: list[str], now: float) -> list[str]: ...
 
     # audit

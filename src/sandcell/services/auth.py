@@ -11,13 +11,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sandcell.domain.errors import Forbidden, InvalidRequest, NotFound, Unauthorized
+from sandcell.domain.errors import FieldError, Forbidden, InvalidRequest, NotFound, Unauthorized
 from sandcell.domain.ids import new_id
+from sandcell.domain.quotas import Quotas
 from sandcell.domain.records import ApiKey, Tenant
 from sandcell.ports.store import Store
 from sandcell.services.audit import AuditLog
 
 TENANT_SCOPES = frozenset({"jobs", "files", "sessions"})
+QUOTA_NAMES = frozenset(Quotas().as_dict())
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,23 @@ class AuthService:
         tenant = Tenant(new_id("ten"), name, limits or {}, images, time.time(), quotas or {})
         self.store.add_tenant(tenant)
         self.audit.record("tenant.create", actor=actor, tenant_id=tenant.id, name=name)
+        return tenant
+
+    def set_quotas(
+        self, tenant_id: str, changes: dict[str, Any], actor: str | None = None
+    ) -> Tenant:
+        """Change a tenant's quota overrides; a None value puts one back to the default.
+        Values are checked at the edge (api.schemas.QuotasIn); names are checked here."""
+        unknown = sorted(set(changes) - QUOTA_NAMES)
+        if unknown:
+            errors = [FieldError(f"quotas.{name}", "not a quota") for name in unknown]
+            raise InvalidRequest("unknown quotas", errors)
+        tenant = self.store.patch_tenant_quotas(tenant_id, changes)
+        if tenant is None:
+            raise NotFound("no such tenant")
+        self.audit.record(
+            "tenant.quotas", actor=actor, tenant_id=tenant_id, target=tenant_id, changes=changes
+        )
         return tenant
 
     def create_key(

@@ -3,11 +3,13 @@
 import base64
 import hashlib
 import hmac
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandcell.domain.cells import CELL_CHARS, KEEP_CELLS, SessionCell, failed_outcome, recorded_cell
 from sandcell.domain.errors import (
     Conflict,
     FieldError,
@@ -15,6 +17,7 @@ from sandcell.domain.errors import (
     NotFound,
     QuotaExceeded,
     RuntimeUnavailable,
+    SandcellError,
     Unauthorized,
 )
 from sandcell.domain.ids import new_id
@@ -27,6 +30,8 @@ from sandcell.services.audit import AuditLog
 from sandcell.services.auth import Principal
 from sandcell.services.jobs import JobPolicy
 from sandcell.services.validation import RequestValidator
+
+log = logging.getLogger("sandcell.sessions")
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,8 @@ class SessionPolicy:
     ttl_s: float = 3600.0
     max_ttl_s: float = 7 * 86400.0
     preview_ttl_s: float = 3600.0
+    history_cells: int = KEEP_CELLS  # the newest cells kept per session
+    history_cell_chars: int = CELL_CHARS  # what one stored cell may hold
 
 
 class SessionService:
@@ -144,13 +151,63 @@ class SessionService:
 
     def execute(self, who: Principal, session_id: str, code: str, timeout_s: float) -> CellResult:
         session = self._running(who, session_id)
-        return self._host_of(session).execute(session.id, code, timeout_s)
+        host, started = self._host_of(session), time.time()
+        try:
+            result = host.execute(session.id, code, timeout_s)
+        except SandcellError as exc:
+            self._record(session, code, _failure(exc, []), started)
+            raise
+        self._record(session, code, result, started)
+        return result
 
     def execute_stream(
         self, who: Principal, session_id: str, code: str, timeout_s: float
     ) -> Iterator[StreamItem]:
         session = self._running(who, session_id)
-        return self._host_of(session).execute_stream(session.id, code, timeout_s)
+        items = self._host_of(session).execute_stream(session.id, code, timeout_s)
+        return self._recorded(session, code, items, time.time())
+
+    def _recorded(
+        self, session: Session, code: str, items: Iterator[StreamItem], started: float
+    ) -> Iterator[StreamItem]:
+        """Pass the stream on; record the cell before its last item goes out, so a client
+        that has the result finds the cell in the history."""
+        events: list[dict[str, Any]] = []
+        try:
+            for kind, item in items:
+                if kind == "event":
+                    events.append(item)
+                else:
+                    outcome = item if kind == "result" else failed_outcome(events, item)
+                    self._record(session, code, outcome, started)
+                yield kind, item
+                if kind != "event":
+                    return  # the last item of a cell
+        except SandcellError as exc:
+            self._record(session, code, _failure(exc, events), started)
+            raise
+
+    def _record(self, session: Session, code: str, outcome: dict[str, Any], started: float) -> None:
+        cell = recorded_cell(
+            session.id,
+            session.tenant_id,
+            code,
+            outcome,
+            started,
+            time.time(),
+            self.policy.history_cell_chars,
+        )
+        try:
+            self.store.add_session_cell(cell, self.policy.history_cells)
+        except Exception:  # the cell ran: its answer must not be lost for its history
+            log.exception("the cell of session %s was not recorded in its history", session.id)
+
+    def cells(
+        self, who: Principal, session_id: str, after: int | None, limit: int
+    ) -> list[SessionCell]:
+        """The session's recorded cells, oldest first; kept while the session record is."""
+        session = self.get(who, session_id)
+        return self.store.session_cells(session.tenant_id, session.id, after, limit)
 
     def interrupt(self, who: Principal, session_id: str) -> None:
         session = self._running(who, session_id)
@@ -228,3 +285,7 @@ class SessionService:
             raise RuntimeUnavailable("no worker is available to run sessions")
         same = [w for w in workers if w.id == prefer_host_of]
         return (same or workers)[0]
+
+
+def _failure(exc: SandcellError, events: list[dict[str, Any]]) -> dict[str, Any]:
+    return failed_outcome(events, {"type": type(exc).__name__, "detail": exc.detail})

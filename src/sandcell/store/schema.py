@@ -206,3 +206,24 @@ job_once = Table(
     Column("attempt", Integer, nullable=False),
     Column("recorded_at", Float, nullable=False),
 )
+
+session_cells = Table(
+    "session_cells",
+    metadata,
+    Column("session_id", String(64), ForeignKey("sessions.id"), primary_key=True),
+    Column("seq", Integer, primary_key=True),  # 1, 2, … per session; only the newest are kept
+    Column("tenant_id", String(64), nullable=False),
+    Column("code", Text, nullable=False),
+    Column("stdout", Text, nullable=False),
+    Column("stderr", Text, nullable=False),
+    Column("result", Text),
+    Column("display", JSON, nullable=False),  # [{"mime", "data"}], capped per cell
+    Column("error", JSON),
+    Column("execution_count", Integer),
+    Column("timed_out", Boolean, nullable=False),
+    Column("interrupted", Boolean, nullable=False),
+    Column("truncated", Boolean, nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("finished_at", Float, nullable=False),
+    Column("duration_ms", Float, nullable=False),
+)

@@ -26,6 +26,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 
+from sandcell.domain.cells import SessionCell
 from sandcell.domain.errors import (
     Conflict,
     IdempotencyMismatch,
@@ -51,6 +52,7 @@ from sandcell.domain.records import (
 from sandcell.domain.sessions import Session, SessionState
 from sandcell.domain.states import JobState, Reason
 from sandcell.domain.workers import StopMode, WorkerStatus
+from sandcell.store import session_cells as cell_history
 from sandcell.store import worker_control
 from sandcell.store.migrate import migrate
 from sandcell.store.schema import (
@@ -300,6 +302,19 @@ class SqlStore:
             row = conn.execute(select(tenants).where(tenants.c.id == tenant_id)).first()
         return _tenant_from_row(row) if row else None
 
+    def patch_tenant_quotas(self, tenant_id: str, changes: dict[str, Any]) -> Tenant | None:
+        """Set the quotas in `changes`; a None value drops that override (back to default)."""
+        with self._tx() as conn:
+            row = conn.execute(
+                select(tenants.c.quotas).where(tenants.c.id == tenant_id).with_for_update()
+            ).first()
+            if row is None:
+                return None
+            quotas = {k: v for k, v in ({**(row.quotas or {}), **changes}).items() if v is not None}
+            conn.execute(update(tenants).where(tenants.c.id == tenant_id).values(quotas=quotas))
+            found = conn.execute(select(tenants).where(tenants.c.id == tenant_id)).one()
+        return _tenant_from_row(found)
+
     def add_api_key(self, key: ApiKey, key_hash: str) -> None:
         with self._tx() as conn:
             conn.execute(insert(api_keys).values(**asdict(key), key_hash=key_hash))
@@ -511,8 +526,15 @@ class SqlStore:
         )
 
     def _require_owner(self, conn: Connection, job_id: str, token: int) -> None:
-        """Every write a worker makes about a job first proves it still holds the lease."""
-        if conn.execute(select(jobs.c.id).where(self._owned(job_id, token))).first() is None:
+        """Every write a worker makes about a job first proves it still holds the lease.
+
+        The job row stays locked until the write commits, so a settler (fail_lost_jobs, a
+        re-claim) cannot change the token in between: on PostgreSQL by FOR UPDATE, which
+        also re-reads a row that a concurrent settler just committed; on SQLite by the write
+        lock that BEGIN IMMEDIATE (prepare_sqlite) takes before this check.
+        """
+        owned = select(jobs.c.id).where(self._owned(job_id, token)).with_for_update()
+        if conn.execute(owned).first() is None:
             raise StaleLease()
 
     def renew_lease(self, job_id: str, token: int, now: float, lease_s: float) -> bool:
@@ -553,9 +575,15 @@ class SqlStore:
             conn.execute(insert(job_logs).values(job_id=job_id, seq=seq, stream=stream, data=data))
 
     def add_artifact(self, artifact: Artifact, token: int) -> None:
+        self.add_artifacts(artifact.job_id, [artifact], token)
+
+    def add_artifacts(self, job_id: str, found: list[Artifact], token: int) -> None:
+        """All of them or none: a job's outputs appear together."""
         with self._tx() as conn:
-            self._require_owner(conn, artifact.job_id, token)
-            conn.execute(insert(artifacts).values(**asdict(artifact)))
+            self._require_owner(conn, job_id, token)
+            if found:
+                assert all(a.job_id == job_id for a in found)
+                conn.execute(insert(artifacts), [asdict(a) for a in found])
 
     def finish_job(self, job: Job, token: int) -> None:
         assert (job.state.is_terminal and job.reason is not None) or job.state is JobState.COMPLETED
@@ -596,7 +624,9 @@ class SqlStore:
     def release_job(self, job_id: str, token: int, now: float) -> None:
         """The owner gives a running job up (shutting down): settle it like a lost one."""
         with self._tx() as conn:
-            row = conn.execute(select(jobs).where(self._owned(job_id, token))).first()
+            row = conn.execute(
+                select(jobs).where(self._owned(job_id, token)).with_for_update()
+            ).first()
             if row is None:
                 raise StaleLease()
             values = _after_lost_worker(_job_from_row(row), now)
@@ -758,18 +788,27 @@ class SqlStore:
     # stages and once-blocks (guest progress, written under the attempt's fencing token)
 
     def commit_stage(
-        self, job_id: str, token: int, name: str, files: list[dict[str, Any]], at: float
-    ) -> None:
+        self, job_id: str, token: int, name: str, stored: list[Artifact], at: float
+    ) -> list[dict[str, Any]]:
+        """The stage's artifacts and its row in one transaction: all of it, or nothing."""
+        files = [
+            {"path": a.path, "artifact_id": a.id, "sha256": a.sha256, "size": a.size}
+            for a in stored
+        ]
         with self._tx() as conn:
             self._require_owner(conn, job_id, token)
             key = and_(job_stages.c.job_id == job_id, job_stages.c.name == name)
             if conn.execute(select(job_stages.c.name).where(key)).first() is not None:
                 raise Conflict(f"stage {name!r} is already committed")
+            if stored:
+                assert all(a.job_id == job_id for a in stored)
+                conn.execute(insert(artifacts), [asdict(a) for a in stored])
             conn.execute(
                 insert(job_stages).values(
                     job_id=job_id, name=name, attempt=token, committed_at=at, files=files
                 )
             )
+        return files
 
     def record_once(self, job_id: str, token: int, key: str, at: float) -> bool:
         """True if `key` is new (run the block), False if an earlier attempt recorded it."""
@@ -869,6 +908,16 @@ class SqlStore:
                 )
             )
         return ids
+
+    def add_session_cell(self, cell: SessionCell, keep: int) -> SessionCell:
+        with self._tx() as conn:
+            return cell_history.add(conn, cell, keep)
+
+    def session_cells(
+        self, tenant_id: str, session_id: str, after: int | None, limit: int
+    ) -> list[SessionCell]:
+        with self._read() as conn:
+            return cell_history.listed(conn, tenant_id, session_id, after, limit)
 
     def count_live_sessions(self, tenant_id: str) -> int:
         query = select(func.count()).where(

@@ -49,6 +49,7 @@ export async function call(method, path, body, { signal, key } = {}) {
 export const get = (path, opts) => call("GET", path, undefined, opts);
 export const post = (path, body, opts) => call("POST", path, body, opts);
 export const del = (path, opts) => call("DELETE", path, undefined, opts);
+export const patch = (path, body, opts) => call("PATCH", path, body, opts);
 
 export function query(params) {
   const search = new URLSearchParams();

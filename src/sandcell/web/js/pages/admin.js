@@ -1,6 +1,7 @@
-// The operator's pages: health, tenants, keys (created — shown once — and revoked), audit.
+// The operator's pages: health, tenants (and their quotas, editable), keys (created — shown
+// once — and revoked), audit.
 
-import { del, get, post, query } from "../api.js";
+import { del, get, patch, post, query } from "../api.js";
 import { latencyChart, quantile } from "../chart.js";
 import {
   card, fill, confirmAction, copyButton, field, h, short, table, toast, when,
@@ -84,8 +85,70 @@ function kv(object) {
   return entries.length ? entries.map(([k, v]) => `${k}=${v}`).join("  ") : "defaults";
 }
 
+const QUOTAS = [
+  ["concurrent_jobs", "Concurrent jobs", "queued or running at once", "1"],
+  ["sessions", "Live sessions", "running or paused at once", "1"],
+  ["storage_mb", "Storage (MiB)", "input files and artifacts", "1"],
+  ["jobs_per_minute", "Jobs per minute", "sustained submission rate", "any"],
+  ["burst", "Burst", "submissions at once above the rate", "1"],
+];
+
+function problemText(error) {
+  const fields = (error.problem && error.problem.errors) || [];
+  return fields.length ? fields.map((e) => `${e.field}: ${e.message}`).join("; ") : error.message;
+}
+
+// The quota editor of one tenant: every quota in effect; an empty field means the default.
+function quotaForm(tenant, done) {
+  const message = h("p", { class: "form-error", id: "quota-error", role: "alert" });
+  const inputs = QUOTAS.map(([name, label, help, step]) => {
+    const own = name in (tenant.quota_overrides || {});
+    const input = h("input", { id: `quota-${name}`, name, type: "number", min: step === "any" ? "0.001" : "0",
+      step, value: own ? tenant.quota_overrides[name] : "", placeholder: `${tenant.quotas[name]} (default)`,
+      "aria-describedby": `quota-${name}-help` });
+    const reset = h("button", { class: "btn btn-small", type: "button", title: "back to the default",
+      onclick: () => { input.value = ""; input.focus(); } }, "Default");
+    return [name, input, h("label", { class: "quota-field", for: `quota-${name}` },
+      h("span", { class: "quota-label" }, label),
+      h("span", { class: "muted small", id: `quota-${name}-help` }, help),
+      h("span", { class: "quota-input" }, input, reset))];
+  });
+  async function save(event) {
+    event.preventDefault();
+    const quotas = {};
+    for (const [name, input] of inputs) {
+      const before = (tenant.quota_overrides || {})[name];
+      const value = input.value.trim() === "" ? null : Number(input.value);
+      if (value !== (before ?? null)) quotas[name] = value;
+    }
+    message.textContent = "";
+    try {
+      await patch(`/v1/admin/tenants/${encodeURIComponent(tenant.id)}`, { quotas });
+      toast(`Quotas of ${tenant.name} saved`);
+      done(true);
+    } catch (error) { message.textContent = problemText(error); }
+  }
+  return h("form", { class: "quota-form", id: "quota-form", onsubmit: save },
+    h("h3", { class: "quota-title" }, `Quotas of ${tenant.name}`),
+    h("p", { class: "muted small" }, "Empty means the server's default. New quotas hold from the "
+      + "next submission or session; nothing running is stopped."),
+    h("div", { class: "quota-grid" }, inputs.map(([, , label]) => label)), message,
+    h("div", { class: "toolbar" },
+      h("button", { class: "btn btn-primary", type: "submit", id: "quota-save" }, "Save quotas"),
+      h("button", { class: "btn", type: "button", onclick: () => done(false) }, "Cancel")));
+}
+
+function quotaText(t) {
+  return QUOTAS.map(([name]) => {
+    const own = name in (t.quota_overrides || {});
+    return h("span", { class: own ? "quota-own" : "muted", title: own ? "set for this tenant"
+      : "the default" }, `${name}=${t.quotas[name]}`);
+  }).flatMap((item) => [item, "  "]).slice(0, -1);
+}
+
 function tenantsTab(body) {
   const holder = h("div", { id: "tenants" });
+  const editor = h("div", { id: "quota-editor" });
   const name = h("input", { id: "tenant-name", placeholder: "new tenant name", required: true,
     maxlength: 200 });
   const form = h("form", { class: "inline-form", onsubmit: async (event) => {
@@ -97,16 +160,27 @@ function tenantsTab(body) {
       load();
     } catch (error) { toast(`Could not create: ${error.message}`, "bad"); }
   } }, name, h("button", { class: "btn btn-primary", type: "submit" }, "Create tenant"));
+  function edit(tenant) {
+    fill(editor, card(null, quotaForm(tenant, (saved) => {
+      fill(editor);
+      if (saved) load().catch((error) => toast(error.message, "bad"));
+    })));
+    editor.scrollIntoView({ block: "nearest" });
+    document.getElementById(`quota-${QUOTAS[0][0]}`).focus();
+  }
   async function load() {
     const page = await get("/v1/admin/overview/tenants");
-    fill(holder, table(["Tenant", "Id", "Created", "Limits", "Images", "Quotas"],
-      page.items.map((t) => h("tr", {}, h("td", {}, h("strong", {}, t.name)),
+    fill(holder, table(["Tenant", "Id", "Created", "Limits", "Images", "Quotas", ""],
+      page.items.map((t) => h("tr", { dataset: { tenantId: t.id } },
+        h("td", {}, h("strong", {}, t.name)),
         h("td", { class: "mono" }, t.id), h("td", {}, when(t.created_at)),
         h("td", { class: "small" }, kv(t.limits)),
         h("td", {}, t.images ? t.images.join(", ") : "all"),
-        h("td", { class: "small" }, kv(t.quotas)))), { empty: "No tenants yet." }));
+        h("td", { class: "small quotas" }, quotaText(t)),
+        h("td", {}, h("button", { class: "btn btn-small edit-quotas", type: "button",
+          onclick: () => edit(t) }, "Edit quotas")))), { empty: "No tenants yet." }));
   }
-  body.append(card("Tenants", form, holder));
+  body.append(card("Tenants", form, holder), editor);
   load().catch((error) => toast(error.message, "bad"));
 }
 
