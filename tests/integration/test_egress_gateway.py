@@ -1,6 +1,6 @@
 """`ProxyEgress`, the Egress port's adapter, driven from the host over its real unix socket.
 
-The sandbox side is covered by test_sandbox_network.py; here: the session directory, the CA
+The sandbox side is covered by tests/security/test_network.py; here: the session directory, the CA
 bundle, the environment, the events, and closing. Endpoints are loopback servers only.
 """
 

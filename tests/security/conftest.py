@@ -16,6 +16,7 @@ import pytest
 
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
+from sandcell.ports.egress import EgressAttachment
 from sandcell.ports.runtime import InputFile, SandboxResult, SandboxSpec
 from sandcell.runtime.bwrap import BwrapRuntime
 from sandcell.runtime.gvisor import GVisorRuntime
@@ -99,6 +100,9 @@ def make_runner(runtime: AnyRuntime, image: Image, request: pytest.FixtureReques
     def run(
         code: str,
         *,
+        env: dict[str, str] | None = None,
+        argv: list[str] | None = None,
+        egress: EgressAttachment | None = None,
         inputs: list[InputFile] | None = None,
         cancel: threading.Event | None = None,
         sink: RecordingSink | None = None,
@@ -111,11 +115,12 @@ def make_runner(runtime: AnyRuntime, image: Image, request: pytest.FixtureReques
         spec = SandboxSpec(
             sandbox_id=sandbox_id.strip("-"),
             image=image,
-            argv=[image.python, "/job/main.py"],
-            env=GUEST_ENV,
+            argv=argv or [image.python, "/job/main.py"],
+            env=GUEST_ENV if env is None else env,
             limits=Limits(**limits),  # type: ignore[arg-type]
             code=code.encode(),
             inputs=inputs or [],
+            egress=egress,
         )
         sink = sink or RecordingSink()
         result = runtime.run(spec, sink, cancel or threading.Event())

@@ -4,14 +4,17 @@ What it must not let a program reach is in test_isolation.py (shared with gVisor
 about how runs end, what they report, and failing closed.
 """
 
+import contextlib
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import replace
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -24,6 +27,7 @@ from sandcell.ports.egress import EgressAttachment
 from sandcell.ports.runtime import SandboxSpec
 from sandcell.runtime.bwrap import BwrapRuntime
 from sandcell.runtime.bwrap_run import processes_of_uid
+from sandcell.runtime.reap import mounts_under
 from tests.integration.conftest import GUEST_ENV, IMAGE_DIR, RecordingSink
 from tests.security.conftest import RunCode, assert_released, processes_in_cgroup
 
@@ -140,14 +144,111 @@ def test_a_broken_image_is_runtime_error_and_released(
     assert_released(bwrap, spec.sandbox_id)
 
 
-def test_what_bwrap_cannot_attach_yet_is_refused_rather_than_dropped(
+@contextlib.contextmanager
+def unix_echo(path: Path) -> Iterator[list[bytes]]:
+    """A host unix socket at `path` (0666, like the proxy's) answering b"pong:" + what it got."""
+    received: list[bytes] = []
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+        listener.bind(str(path))
+        path.chmod(0o666)
+        listener.listen(4)
+        listener.settimeout(0.1)
+        stop = threading.Event()
+
+        def serve() -> None:
+            while not stop.is_set():
+                try:
+                    conn, _ = listener.accept()
+                except TimeoutError:
+                    continue
+                with conn:
+                    received.append(_read_to_eof(conn))
+                    conn.sendall(b"pong:" + received[-1])
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            yield received
+        finally:
+            stop.set()
+            thread.join(5)
+
+
+def _read_to_eof(conn: socket.socket) -> bytes:
+    chunks = []
+    while chunk := conn.recv(4096):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+@dataclass
+class HostMountsAtReady(RecordingSink):
+    """Records the host's mounts below `prefix` while the sandbox runs (at its ready line)."""
+
+    prefix: str = "/"
+    mounts: list[str] = field(default_factory=list)
+
+    def ready(self) -> None:
+        self.mounts = mounts_under(self.prefix)
+        super().ready()
+
+
+def test_egress_comes_through_the_bridge_and_is_never_mounted_on_the_host(
+    bwrap: BwrapRuntime, run_bwrap: RunCode, tmp_path: Path
+) -> None:
+    # As with the real proxy: the socket's directory sits in a 0700 directory (so is tmp_path
+    # itself), which the sandbox's host uid cannot walk through.
+    private = tmp_path / "egress"
+    socket_dir = private / "sock"
+    socket_dir.mkdir(parents=True)
+    private.chmod(0o700)
+    socket_dir.chmod(0o711)
+    ca_bundle = private / "ca-bundle.pem"
+    ca_bundle.write_bytes(b"job CA\n")
+    ca_bundle.chmod(0o644)
+    code = """
+import os, socket
+with socket.create_connection(("127.0.0.1", 3128), timeout=5) as s:
+    s.sendall(b"ping")
+    s.shutdown(socket.SHUT_WR)
+    print(b"".join(iter(lambda: s.recv(100), b"")).decode())
+print(open("/etc/sandcell/ca-bundle.pem").read().strip())
+try:
+    os.listdir("/run/sandcell/egress")
+except PermissionError:
+    print("not listable")
+print(sorted(os.listdir("/proc/self/fd")))
+"""
+    sink = HostMountsAtReady(prefix=f"{bwrap.sandboxes_dir}/")
+    with unix_echo(socket_dir / "proxy.sock") as received:
+        ran = run_bwrap(code, egress=EgressAttachment(socket_dir, ca_bundle), sink=sink)
+    assert ran.result.reason is None, (ran.result, ran.sink.stderr)
+    assert ran.sink.stdout.splitlines() == [
+        "pong:ping",
+        "job CA",
+        "not listable",
+        "['0', '1', '2', '3']",
+    ]
+    assert received == [b"ping"]  # and no memfd (the CA bundle's) was left open in there
+    # While it ran, the host saw the scratch disk mounted and nothing else: the socket directory
+    # was bound in the launch chain's own mount namespace, which ended with the sandbox.
+    scratch = bwrap.sandboxes_dir / ran.spec.sandbox_id
+    assert sink.mounts == [str(scratch / "disk")]
+    assert not mounts_under(str(private))
+
+
+def test_an_egress_socket_directory_that_cannot_be_bound_is_runtime_error(
     bwrap: BwrapRuntime, python_image: Image, tmp_path: Path
 ) -> None:
-    egress = EgressAttachment(socket_dir=tmp_path, ca_bundle=tmp_path / "ca.pem")
-    spec = SandboxSpec("b-unsupported", python_image, ["/bin/true"], GUEST_ENV, Limits())
+    ca_bundle = tmp_path / "ca.pem"
+    ca_bundle.write_bytes(b"")
+    egress = EgressAttachment(socket_dir=tmp_path / "missing", ca_bundle=ca_bundle)
+    spec = SandboxSpec("b-no-socket-dir", python_image, ["/bin/true"], GUEST_ENV, Limits())
     result = bwrap.run(replace(spec, egress=egress), RecordingSink(), threading.Event())
-    assert result.reason is Reason.RUNTIME_ERROR and "cannot attach" in result.detail
-    assert not (bwrap.sandboxes_dir / spec.sandbox_id).exists()
+    assert result.reason is Reason.RUNTIME_ERROR and result.released, result
+    assert "bwrap failed to start the sandbox (exit 125)" in result.detail
+    assert str(tmp_path / "missing") in result.detail  # mount(8) names what it could not bind
+    assert_released(bwrap, spec.sandbox_id)
 
 
 @pytest.mark.parametrize("sandbox_id", ["../../etc", "", "a/b", "-flag"])

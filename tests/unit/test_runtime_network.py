@@ -1,4 +1,4 @@
-"""What the gVisor runtime asks of runsc for a job with and without egress (no sandbox started)."""
+"""What the runtimes ask of runsc and bwrap for a job with and without egress (none is started)."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -8,8 +8,10 @@ from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.ports.egress import GUEST_CA_BUNDLE, GUEST_SOCKET_DIR, EgressAttachment
 from sandcell.ports.runtime import SandboxSpec
+from sandcell.runtime import bwrap_run
 from sandcell.runtime.bundle import READY_PRINTF, oci_config
-from sandcell.runtime.network import BRIDGE_MEMORY_MB
+from sandcell.runtime.cgroups import SandboxCgroup
+from sandcell.runtime.network import BRIDGE_MEMORY_MB, bwrap_egress_launch
 from sandcell.runtime.runsc import Runsc
 from sandcell.runtime.sandbox import cgroup_limits
 from sandcell.runtime.scratch import Scratch
@@ -59,3 +61,61 @@ def test_the_bridge_memory_is_added_to_the_cgroup_not_taken_from_the_job() -> No
     limits = Limits(memory_mb=100)
     without, with_egress = cgroup_limits(limits, 64), cgroup_limits(limits, 64, egress=True)
     assert with_egress.memory_bytes - without.memory_bytes == BRIDGE_MEMORY_MB * 1024 * 1024
+
+
+# --- bwrap ---------------------------------------------------------------------------------
+
+SCRATCH = Scratch(Path("/state/bwrap/sandboxes/j-1"))
+SECCOMP_FD, CA_FD, ARGS_FD = 3, 4, 5
+
+
+def bwrap_launch(egress: EgressAttachment | None) -> tuple[list[str], list[str]]:
+    """bwrap's own options (from its memfd) and the launch chain, as BwrapRun builds them."""
+    spec = SandboxSpec("j-1", IMAGE, [IMAGE.python, "/job/main.py"], {}, Limits(pids=4))
+    spec = replace(spec, egress=egress)
+    ca_fd = CA_FD if egress else None
+    options = bwrap_run.bwrap_args(spec, SCRATCH, SECCOMP_FD, ca_fd)
+    mount_point = bwrap_run.egress_mount_point(SCRATCH)
+    step = bwrap_egress_launch(egress, mount_point) if egress else None
+    cgroup = SandboxCgroup("sandcell/k/j-1")
+    chain = bwrap_run.launcher(
+        cgroup, 1_000_000_001, spec.limits, ARGS_FD, bwrap_run.command(spec), step
+    )
+    return options, chain
+
+
+def test_bwrap_without_egress_has_no_mount_step_no_bridge_and_no_extra_task() -> None:
+    options, chain = bwrap_launch(None)
+    assert GUEST_SOCKET_DIR not in options and GUEST_CA_BUNDLE not in options
+    assert "unshare" not in chain and "mount" not in " ".join(chain)
+    assert "--nproc=7" in chain  # pids + bwrap's two tasks + the tripwire slot
+    script = chain[chain.index("/bin/sh", chain.index("bwrap")) + 2]
+    assert script.startswith(READY_PRINTF) and "-I" not in script
+
+
+def test_bwrap_with_egress_binds_the_socket_dir_as_root_and_starts_the_bridge_first() -> None:
+    options, chain = bwrap_launch(ATTACHMENT)
+    mount_point = str(SCRATCH.root / "egress")
+    at = options.index(GUEST_SOCKET_DIR)
+    assert options[at - 2 : at + 1] == ["--ro-bind", mount_point, GUEST_SOCKET_DIR]
+    at = options.index(GUEST_CA_BUNDLE)
+    assert options[at - 2 : at + 1] == ["--ro-bind-data", str(CA_FD), GUEST_CA_BUNDLE]
+    # bwrap never sees the egress state directory: the chain binds it while still root, in a
+    # mount namespace of its own, before dropping to the sandbox's uid.
+    assert str(ATTACHMENT.socket_dir) not in options and str(ATTACHMENT.ca_bundle) not in options
+    unshare = chain.index("unshare")
+    assert chain[unshare : unshare + 5] == ["unshare", "--mount", "--propagation", "slave", "--"]
+    assert chain[unshare + 9 : unshare + 11] == [str(ATTACHMENT.socket_dir), mount_point]
+    assert unshare < chain.index("prlimit") < chain.index("setpriv") < chain.index("bwrap")
+    assert "--nproc=8" in chain  # the bridge's task on top
+    script = chain[chain.index("/bin/sh", chain.index("bwrap")) + 2]
+    bridge_at, ready_at = script.index(f"{IMAGE.python} -I -S -c"), script.index(READY_PRINTF)
+    assert bridge_at < ready_at and "127.0.0.1 3128 /run/sandcell/egress/proxy.sock" in script
+
+
+def test_bwrap_adds_the_bridge_memory_and_task_to_the_cgroup() -> None:
+    limits = Limits(memory_mb=100, pids=4)
+    without = bwrap_run.cgroup_limits(limits, 16)
+    with_egress = bwrap_run.cgroup_limits(limits, 16, egress=True)
+    assert with_egress.memory_bytes - without.memory_bytes == BRIDGE_MEMORY_MB * 1024 * 1024
+    assert (without.pids_max, with_egress.pids_max) == (4 + 2, 4 + 2 + 1)

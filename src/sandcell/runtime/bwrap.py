@@ -8,6 +8,9 @@ filtered by seccomp.py, instead of to gVisor's user-space kernel.
                                    reach its bind sources (but list nothing)
 /sys/fs/cgroup/<ctl>/sandcell/<key>/<id>   its cgroup; <key> is derived from state_dir
 
+A sandbox has its own network namespace: loopback only. A job with egress gets its proxy's
+socket directory, its CA bundle and the in-sandbox bridge, as under gVisor (see network.py).
+
 Every sandbox runs as a host uid of its own (from a range derived from state_dir), mapped to
 65534 inside its user namespace. Per-user kernel limits (inotify instances, pipe buffers,
 RLIMIT_NPROC, user namespaces) are then per sandbox, never shared between tenants, and "no
@@ -45,7 +48,7 @@ from sandcell.runtime.scratch import Scratch, probe_loop_disk
 from sandcell.runtime.seccomp import compile_filter
 
 SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # names dirs and cgroups
-TOOLS = ("bwrap", "setpriv", "prlimit")
+TOOLS = ("bwrap", "setpriv", "prlimit", "unshare", "mount")  # the last two: jobs with egress
 UID_BASE, UID_BLOCK, UID_BLOCKS = 1_000_000_000, 65536, 16384  # stays below 2**31
 PROBE_TIMEOUT_S = 30
 # What the probe sandbox must report about itself: the seccomp filter is on (mode 2),
@@ -128,10 +131,6 @@ class BwrapRuntime:
     def run(self, spec: SandboxSpec, sink: SandboxSink, cancel: threading.Event) -> SandboxResult:
         if not SANDBOX_ID.match(spec.sandbox_id):
             return SandboxResult(None, Reason.RUNTIME_ERROR, "invalid sandbox id", released=True)
-        unsupported = _unsupported(spec)
-        if unsupported:  # fail closed: never run a job without something it asked for
-            detail = f"the bwrap runtime cannot attach {unsupported} yet; use gvisor for this job"
-            return SandboxResult(None, Reason.RUNTIME_ERROR, detail, released=True)
         self._ensure_dirs()
         scratch = Scratch(self.sandboxes_dir / spec.sandbox_id)
         cgroup = SandboxCgroup(f"{self.cgroup_parent}/{spec.sandbox_id}")
@@ -230,11 +229,6 @@ class BwrapRuntime:
         if done.returncode != 0:
             raise RuntimeUnavailable(f"bwrap cannot start a sandbox: {done.stderr.strip()[-500:]}")
         return _status_fields(done.stdout)
-
-
-def _unsupported(spec: SandboxSpec) -> str:
-    """What the spec asks for that this runtime does not provide yet ("" if nothing)."""
-    return "network egress" if spec.egress is not None else ""
 
 
 def require_traversable(path: Path) -> None:

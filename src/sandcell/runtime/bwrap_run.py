@@ -3,6 +3,8 @@
 The launch chain, each step exec'ing the next so that nothing runs outside the cgroup:
 
     sh (root)   joins the sandbox's cgroup in every controller
+    [unshare]   with egress only, still root: a mount namespace of the chain's own, in which
+                the job's proxy socket directory is bound into the scratch (see network.py)
     prlimit     sets NOFILE, CORE 0, FSIZE (the disk size) and NPROC
     setpriv     becomes the sandbox's own host uid, no groups, no capabilities, no_new_privs
     bwrap       new user/pid/net/ipc/uts/mount/cgroup namespaces, uid 65534 inside, the
@@ -26,6 +28,7 @@ import select
 import subprocess
 import threading
 import time
+from pathlib import Path
 
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
@@ -33,6 +36,13 @@ from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime.bundle import NOFILE, check_env, ready_wrapper
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
 from sandcell.runtime.guest_mounts import guest_binds
+from sandcell.runtime.network import (
+    BRIDGE_MEMORY_MB,
+    BRIDGE_TASKS,
+    BWRAP_MOUNT_POINT,
+    bwrap_egress_args,
+    bwrap_egress_launch,
+)
 from sandcell.runtime.one_shot import EXIT_WAIT_S, OneShotRun
 from sandcell.runtime.scratch import GUEST_UID, Scratch
 from sandcell.runtime.streams import Streams
@@ -47,11 +57,15 @@ LAUNCH_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
 
 
-def cgroup_limits(limits: Limits, overhead_mb: int) -> CgroupLimits:
-    # bwrap's two tasks are ours: the program gets exactly `pids`, and one more trips the limit.
-    return CgroupLimits(
-        (limits.memory_mb + overhead_mb) * MiB, limits.cpu, limits.pids + BWRAP_TASKS
-    )
+def cgroup_limits(limits: Limits, overhead_mb: int, egress: bool = False) -> CgroupLimits:
+    # bwrap's two tasks, and the egress bridge's task and memory, are ours: the program gets
+    # exactly `pids` and `memory_mb`, and one more task trips the limit.
+    memory_mb = limits.memory_mb + overhead_mb + (BRIDGE_MEMORY_MB if egress else 0)
+    return CgroupLimits(memory_mb * MiB, limits.cpu, limits.pids + _tasks_of_ours(egress))
+
+
+def _tasks_of_ours(egress: bool) -> int:
+    return BWRAP_TASKS + (BRIDGE_TASKS if egress else 0)
 
 
 def isolation_args(seccomp_fd: int) -> list[str]:
@@ -64,8 +78,14 @@ def isolation_args(seccomp_fd: int) -> list[str]:
     ]
 
 
-def bwrap_args(spec: SandboxSpec, scratch: Scratch, seccomp_fd: int) -> list[str]:
-    """Everything the sandbox may see or do, as bwrap options (the command goes apart)."""
+def bwrap_args(
+    spec: SandboxSpec, scratch: Scratch, seccomp_fd: int, ca_fd: int | None = None
+) -> list[str]:
+    """Everything the sandbox may see or do, as bwrap options (the command goes apart).
+
+    `ca_fd`: the job's CA bundle, for a job with egress (its socket directory is bound on
+    `egress_mount_point` by the launch chain, see `launcher`).
+    """
     tmpfs_bytes = str(spec.limits.memory_mb * MiB)  # tmpfs pages count against the cgroup too
     env = [arg for key, value in spec.env.items() for arg in ("--setenv", key, value)]
     return [
@@ -75,6 +95,7 @@ def bwrap_args(spec: SandboxSpec, scratch: Scratch, seccomp_fd: int) -> list[str
         *("--perms", "1777", "--size", tmpfs_bytes, "--tmpfs", "/dev/shm"),
         *("--ro-bind", str(scratch.job), "/job", "--ro-bind", str(scratch.input), "/input"),
         *[arg for src, dest in guest_binds(spec) for arg in ("--ro-bind", str(src), dest)],
+        *(bwrap_egress_args(egress_mount_point(scratch), ca_fd) if ca_fd is not None else []),
         *("--bind", str(scratch.workspace), "/workspace"),
         *("--bind", str(scratch.output), "/output"),
         *("--chdir", "/workspace", "--clearenv", *env),
@@ -82,8 +103,14 @@ def bwrap_args(spec: SandboxSpec, scratch: Scratch, seccomp_fd: int) -> list[str
 
 
 def command(spec: SandboxSpec) -> list[str]:
-    """What bwrap runs: the wrapper that prints the ready line, then the program."""
-    return [*ready_wrapper(spec.env), *spec.argv]
+    """What bwrap runs: the wrapper that starts the egress bridge if the job has egress,
+    prints the ready line, then becomes the program."""
+    bridge = spec.image.python if spec.egress is not None else None
+    return [*ready_wrapper(spec.env, bridge), *spec.argv]
+
+
+def egress_mount_point(scratch: Scratch) -> Path:
+    return scratch.root / BWRAP_MOUNT_POINT
 
 
 def args_memfd(args: list[str]) -> int:
@@ -92,12 +119,20 @@ def args_memfd(args: list[str]) -> int:
 
 
 def launcher(
-    cgroup: SandboxCgroup, uid: int, limits: Limits, args_fd: int, argv: list[str]
+    cgroup: SandboxCgroup,
+    uid: int,
+    limits: Limits,
+    args_fd: int,
+    argv: list[str],
+    egress_step: list[str] | None = None,
 ) -> list[str]:
-    nproc = limits.pids + BWRAP_TASKS + 1  # a backstop: the cgroup's pids.max trips first
+    """The launch chain; `egress_step` (network.bwrap_egress_launch) for a job with egress."""
+    # A backstop: the cgroup's pids.max trips first.
+    nproc = limits.pids + _tasks_of_ours(egress_step is not None) + 1
     fsize = limits.disk_mb * MiB
     return [
         *("/bin/sh", "-c", JOIN_SCRIPT, "join-cgroups", *map(str, cgroup.procs_files()), "--"),
+        *(egress_step or []),
         *("prlimit", f"--nofile={NOFILE}", "--core=0", f"--fsize={fsize}", f"--nproc={nproc}"),
         *("--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"),
         *("--inh-caps=-all", "--no-new-privs", "--"),
@@ -174,30 +209,45 @@ class BwrapRun(OneShotRun):
         for path in (self.scratch.workspace, self.scratch.output):
             os.chown(path, self.uid, self.uid)  # seen as 65534 inside, and writable only there
         self.scratch.restore_outputs(self.spec.restore_outputs, self.uid)
-        self.cgroup.create(cgroup_limits(self.limits, self.overhead_mb))
+        egress = self.spec.egress is not None
+        if egress:  # the socket directory is bound on it in the launch chain's namespace only
+            egress_mount_point(self.scratch).mkdir(mode=0o700)
+        self.cgroup.create(cgroup_limits(self.limits, self.overhead_mb, egress))
 
     def _launch(self) -> Streams:
-        seccomp_fd = memfd_with("sandcell-seccomp", self.seccomp)
-        args_fd = args_memfd(bwrap_args(self.spec, self.scratch, seccomp_fd))
+        fds: list[int] = []
         try:
+            argv = self._launch_chain(fds)
             self.launched_at = time.monotonic()
             self.proc = subprocess.Popen(
-                launcher(self.cgroup, self.uid, self.limits, args_fd, command(self.spec)),
+                argv,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=LAUNCH_ENV,  # nothing of the worker's environment reaches the sandbox
-                pass_fds=(seccomp_fd, args_fd),
+                pass_fds=tuple(fds),
                 start_new_session=True,
             )
         finally:
-            os.close(seccomp_fd)
-            os.close(args_fd)
+            for fd in fds:
+                os.close(fd)
         assert self.proc.stdout is not None and self.proc.stderr is not None
         cap = int(self.limits.output_mb * MiB)
         self.streams = Streams(self.proc.stdout, self.proc.stderr, self.sink, cap)
         self.streams.start()
         return self.streams
+
+    def _launch_chain(self, fds: list[int]) -> list[str]:
+        """The launch argv; the memfds bwrap reads (and closes) are added to `fds`: the seccomp
+        filter, the job's CA bundle if it has egress, and bwrap's own options."""
+        spec, egress = self.spec, self.spec.egress
+        fds.append(seccomp_fd := memfd_with("sandcell-seccomp", self.seccomp))
+        ca_fd = None
+        if egress is not None:
+            fds.append(ca_fd := memfd_with("sandcell-ca-bundle", egress.ca_bundle.read_bytes()))
+        fds.append(args_fd := args_memfd(bwrap_args(spec, self.scratch, seccomp_fd, ca_fd)))
+        step = bwrap_egress_launch(egress, egress_mount_point(self.scratch)) if egress else None
+        return launcher(self.cgroup, self.uid, self.limits, args_fd, command(spec), step)
 
     def _watch(self, streams: Streams) -> None:
         assert self.proc is not None

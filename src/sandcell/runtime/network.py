@@ -1,14 +1,26 @@
 """The one way out of a sandbox whose job may use the network: its own egress proxy.
 
-The sandbox keeps `--network=none` (a loopback interface and nothing else). What it gets on top:
+The sandbox keeps a network namespace of its own with a loopback interface and nothing else
+(gVisor: `--network=none`; bwrap: `--unshare-net`, whose loopback bwrap brings up). What it gets
+on top, on either runtime:
 
-- the job's proxy socket directory, bind-mounted read-only at GUEST_SOCKET_DIR. `--host-uds=open`
-  lets the guest connect to host sockets it can see through its mounts (it can create none);
-  the image root and the job's scratch hold no sockets, so the proxy's is the only one;
+- the job's proxy socket directory, read-only at GUEST_SOCKET_DIR. The image root and the job's
+  scratch hold no sockets, so the proxy's is the only host socket the guest can see (besides
+  the guest channel's); it can create none. gVisor connects through it with `--host-uds=open`;
+  under bwrap the guest connects itself, and abstract unix sockets are per network namespace,
+  so the host's are out of reach;
 - the job's CA bundle (image roots + job CA), read-only at GUEST_CA_BUNDLE;
 - the bridge (bridge.py), started by the wrapper before the ready line, so ordinary HTTP clients
   reach the proxy at 127.0.0.1:PROXY_PORT through HTTP(S)_PROXY. Code that ignores the proxy
   variables has no route anywhere: there is no other interface and no resolver.
+
+How bwrap gets the socket directory: bwrap runs as the sandbox's own host uid and resolves its
+bind sources by path (even `--ro-bind-fd`), but the proxy's directory sits under the egress
+state directory, which is 0700 so that no other host user can reach a job's proxy. So the
+launch chain, still root, enters a mount namespace of its own and binds the socket directory
+on an empty directory in the sandbox's scratch (`bwrap_egress_launch`); bwrap binds it from
+there. That mount exists only in the sandbox's chain and vanishes with it: the host never sees
+it, and nothing has to unmount it. The CA bundle is copied in from a memfd (`--ro-bind-data`).
 """
 
 import functools
@@ -33,6 +45,10 @@ BRIDGE_MEMORY_MB = 16
 BRIDGE_HOST = "127.0.0.1"
 BRIDGE_FAILED_EXIT = 125  # before the ready line: the runtime reports it as runtime_error
 _GUEST_SOCKET = f"{GUEST_SOCKET_DIR}/{SOCKET_NAME}"
+# The launch chain's own mount namespace (slave: the host's unmounts still reach it), with the
+# socket directory bound on the scratch's mount point; exit 125 before bwrap, like the cgroup join.
+BWRAP_BIND_SCRIPT = 'mount --bind -- "$1" "$2" || exit 125; shift 2; exec "$@"'
+BWRAP_MOUNT_POINT = "egress"  # in the sandbox's scratch root: empty on the host, 0700
 
 
 def egress_mounts(attachment: EgressAttachment) -> list[dict[str, Any]]:
@@ -67,3 +83,18 @@ def _bridge_source() -> str:
 
 def _bind(destination: str, source: Path, options: list[str]) -> dict[str, Any]:
     return {"destination": destination, "type": "bind", "source": str(source), "options": options}
+
+
+def bwrap_egress_launch(attachment: EgressAttachment, mount_point: Path) -> list[str]:
+    """The root step of the bwrap launch chain that makes the socket directory reachable."""
+    unshare = ["unshare", "--mount", "--propagation", "slave", "--"]
+    bind = ["/bin/sh", "-c", BWRAP_BIND_SCRIPT, "bind-egress"]
+    return [*unshare, *bind, str(attachment.socket_dir), str(mount_point)]
+
+
+def bwrap_egress_args(mount_point: Path, ca_fd: int) -> list[str]:
+    """bwrap options: the bound socket directory and the CA bundle, both read-only."""
+    return [
+        *("--ro-bind", str(mount_point), GUEST_SOCKET_DIR),
+        *("--ro-bind-data", str(ca_fd), GUEST_CA_BUNDLE),
+    ]

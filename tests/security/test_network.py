@@ -1,4 +1,6 @@
-"""The network of a real gVisor sandbox: nothing by default; with egress, the job's proxy only.
+"""The network of a real sandbox, on every runtime: nothing by default; with egress, the job's
+proxy only (gVisor: --network=none and the bridge; bwrap: its own network namespace, the same
+bridge, the socket directory bound in by the launch chain).
 
 Every endpoint is a loopback server this module starts on the host. Names resolve through a
 static table to 127.0.0.x, the operator setting allows 127.0.0.0/8, and a guard makes the proxy
@@ -26,10 +28,9 @@ from sandcell.egress import ProxyEgress, ProxySession, StaticResolver
 from sandcell.egress import handler as handler_module
 from sandcell.egress.resolve import connect_pinned
 from sandcell.ports.egress import GUEST_CA_BUNDLE, SecretBinding
-from tests.integration.conftest import GUEST_ENV, Ran, RunCode
+from tests.integration.conftest import GUEST_ENV
 from tests.integration.egress_servers import EchoServer, TestPKI
-
-pytestmark = pytest.mark.gvisor
+from tests.security.conftest import Ran, RunCode
 
 SECRET = "s3cr3t-sandbox-net-7c1e9a04d2"
 TABLE = {"allowed.test": "127.0.0.2", "denied.test": "127.0.0.2", "api.secret.test": "127.0.0.3"}
@@ -70,9 +71,10 @@ class Endpoints:
     udp: UdpSink  # UDP on 127.0.0.1
 
 
-@pytest.fixture(scope="module")
-def endpoints(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Endpoints]:
-    pki = TestPKI(tmp_path_factory.mktemp("pki"))
+@pytest.fixture
+def endpoints(tmp_path: Path) -> Iterator[Endpoints]:
+    """Fresh servers for every test (and every runtime): what each saw is that test's alone."""
+    pki = TestPKI(tmp_path)
     udp = UdpSink()
     with (
         EchoServer("127.0.0.2") as plain,
@@ -133,7 +135,7 @@ def probe(run_code: RunCode, body: str, **kwargs: Any) -> tuple[dict[str, Any], 
 
 
 PROBE_HELPERS = """
-import hashlib, json, os, socket, ssl, urllib.error, urllib.request
+import hashlib, json, os, socket, ssl, stat, urllib.error, urllib.request
 
 def outcome(fn):
     try:
@@ -145,6 +147,25 @@ def tcp(host, port):
     with socket.create_connection((host, port), timeout=3) as s:
         s.sendall(b"GET /direct HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
         return s.recv(100).decode("latin-1")
+
+def udp_send(port):
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        return s.sendto(b"sandbox-datagram", ("127.0.0.1", port))
+
+def unix(address, bind=False):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(address) if bind else s.connect(address)
+
+def sockets_in_the_tree():
+    found = []
+    for root, dirs, files in os.walk("/"):
+        if root == "/":
+            dirs[:] = [d for d in dirs if d not in ("proc", "sys")]
+        for name in files:
+            path = os.path.join(root, name)
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                found.append(path)
+    return found
 
 def fetch(url, **kwargs):
     try:
@@ -160,16 +181,16 @@ def fetch(url, **kwargs):
 
 def test_without_egress_there_is_no_network(run_code: RunCode, endpoints: Endpoints) -> None:
     local, udp = endpoints.local.port, endpoints.udp.port
-    out, _ = probe(
-        run_code,
-        f"""
+    with abstract_listener() as abstract_name:
+        out, _ = probe(
+            run_code,
+            f"""
 out["tcp_local"] = outcome(lambda: tcp("127.0.0.1", {local}))
 out["tcp_other"] = outcome(lambda: tcp("127.0.0.2", {endpoints.plain.port}))
 out["proxy_port"] = outcome(lambda: tcp("127.0.0.1", 3128))
-def udp_send():
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        return s.sendto(b"sandbox-datagram", ("127.0.0.1", {udp}))
-out["udp"] = outcome(udp_send)
+out["udp"] = outcome(lambda: udp_send({udp}))
+out["host_abstract"] = outcome(lambda: unix("\\0{abstract_name}"))
+out["sockets"] = sockets_in_the_tree()
 out["dns"] = outcome(lambda: socket.getaddrinfo("allowed.test", 80))
 out["raw"] = outcome(lambda: socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP))
 out["packet"] = outcome(lambda: socket.socket(socket.AF_PACKET, socket.SOCK_RAW))
@@ -177,12 +198,14 @@ out["interfaces"] = [name for _, name in socket.if_nameindex()]
 out["egress_dir"] = os.listdir("/run/sandcell/egress")
 out["ca_bundle"] = os.path.getsize("/etc/sandcell/ca-bundle.pem")
 """,
-    )
+        )
     for name in ("tcp_local", "tcp_other", "proxy_port"):
         assert out[name][0] in {"ConnectionRefusedError", "OSError", "TimeoutError"}, out[name]
     assert out["dns"][0] == "gaierror", out["dns"]
     assert out["raw"][0] == "PermissionError" and out["packet"][0] == "PermissionError", out
     assert out["interfaces"] == ["lo"]
+    assert out["host_abstract"][0] == "ConnectionRefusedError", out  # the host's namespace
+    assert out["sockets"] == []  # no host socket of any kind is mounted in
     assert out["egress_dir"] == [] and out["ca_bundle"] == 0  # the image's empty mount points
     assert not endpoints.local.requests and not endpoints.plain.requests
     # A datagram "sent" to the sandbox's own loopback goes nowhere; the host's server never sees it.
@@ -208,6 +231,7 @@ out["direct"] = outcome(lambda: tcp("127.0.0.2", {plain}))
 out["direct_local"] = outcome(lambda: tcp("127.0.0.1", {endpoints.local.port}))
 out["denied"] = fetch("http://denied.test:{plain}/nope")
 out["dns"] = outcome(lambda: socket.getaddrinfo("allowed.test", 80))
+out["udp"] = outcome(lambda: udp_send({endpoints.udp.port}))
 status, echoed = fetch("https://api.secret.test:{tls}/with-secret")
 headers = dict(echoed["headers"]) if status == 200 else {{}}
 auth = headers.get("authorization", "")
@@ -218,9 +242,8 @@ out["without_job_ca"] = outcome(lambda: fetch(
 ))
 out["cafile"] = ssl.get_default_verify_paths().cafile
 out["interfaces"] = [name for _, name in socket.if_nameindex()]
-def unix(address, bind=False):
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.bind(address) if bind else s.connect(address)
+out["sockets"] = sockets_in_the_tree()
+out["proxy_socket"] = stat.S_ISSOCK(os.stat("/run/sandcell/egress/proxy.sock").st_mode)
 out["host_abstract"] = outcome(lambda: unix("\\0{abstract_name}"))
 out["bind_in_egress_dir"] = outcome(lambda: unix("/run/sandcell/egress/mine.sock", bind=True))
 # Everything of the sandbox that could hold the secret, as files (stdout is kept small).
@@ -241,6 +264,9 @@ with open("/output/cmdlines", "wb") as f:
     assert out["dns"][0] == "gaierror"
     assert out["interfaces"] == ["lo"]
     assert out["host_abstract"][0] == "ConnectionRefusedError", out  # the host's namespace
+    # The proxy's socket is the one host socket in reach, and its directory is not listable.
+    assert out["sockets"] == [] and out["proxy_socket"] is True
+    assert out["udp"][0] in {"ok", "ConnectionRefusedError", "OSError"}, out["udp"]
     assert out["bind_in_egress_dir"][0] in {"PermissionError", "OSError"}, out
     # Through the proxy, TLS terminated with the job CA (verified by the sandbox's own ssl
     # through SSL_CERT_FILE), the header added upstream; the image's roots alone do not verify.
@@ -266,6 +292,7 @@ with open("/output/cmdlines", "wb") as f:
     assert ("denied.test", "denied", "not_allowed") in seen
     assert ("api.secret.test", "allowed", "tls_intercept") in seen
     assert {e["host"] for e in events} == {"allowed.test", "denied.test", "api.secret.test"}
+    assert not endpoints.udp.received  # the datagram had nowhere to go
 
 
 def test_the_bridge_does_not_count_against_the_process_budget(
