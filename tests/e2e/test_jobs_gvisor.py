@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e import loopback_dns
+from tests import loopback_dns
 from tests.e2e.conftest import Server, host_processes_mentioning, run_job
-from tests.e2e.loopback_dns import LoopbackDns
 from tests.e2e.pool_metrics import pool_figure, wait_for_pool
+from tests.loopback_dns import LoopbackDns
 
 pytestmark = pytest.mark.gvisor
 

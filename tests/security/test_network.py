@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -30,6 +29,7 @@ from sandcell.egress.resolve import connect_pinned
 from sandcell.ports.egress import GUEST_CA_BUNDLE, SecretBinding
 from tests.integration.conftest import GUEST_ENV
 from tests.integration.egress_servers import EchoServer, TestPKI
+from tests.loopback_dns import LoopbackDns
 from tests.security.conftest import Ran, RunCode
 
 SECRET = "s3cr3t-sandbox-net-7c1e9a04d2"
@@ -38,51 +38,27 @@ SECRET_SPEC = {"name": "crm", "hosts": ["api.secret.test"], "header": "Authoriza
 SECRET_SPEC |= {"format": "Bearer {value}"}
 
 
-class UdpSink:
-    """A host UDP server on loopback that records every datagram it receives."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.port = int(self.sock.getsockname()[1])
-        self.sock.settimeout(0.1)  # how often the thread looks at `_stop`
-        self.received: list[bytes] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, daemon=True)
-        self._thread.start()
-
-    def _serve(self) -> None:
-        while not self._stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                self.received.append(self.sock.recv(65536))
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-        self.sock.close()
-
-
 @dataclass
 class Endpoints:
     pki: TestPKI
     plain: EchoServer  # HTTP on 127.0.0.2: allowed.test (and denied.test)
     tls: EchoServer  # HTTPS on 127.0.0.3: api.secret.test, the host with a secret
     local: EchoServer  # HTTP on 127.0.0.1: what a sandbox's own "localhost" must not reach
-    udp: UdpSink  # UDP on 127.0.0.1
+    udp: LoopbackDns  # UDP on 127.0.0.1: records (and answers) every datagram
 
 
 @pytest.fixture
 def endpoints(tmp_path: Path) -> Iterator[Endpoints]:
     """Fresh servers for every test (and every runtime): what each saw is that test's alone."""
     pki = TestPKI(tmp_path)
-    udp = UdpSink()
+    udp = LoopbackDns()
     with (
         EchoServer("127.0.0.2") as plain,
         EchoServer("127.0.0.3", pki.server_context(["api.secret.test"])) as tls,
         EchoServer("127.0.0.1") as local,
     ):
         yield Endpoints(pki, plain, tls, local, udp)
-    udp.close()
+    udp.__exit__(None, None, None)
 
 
 @pytest.fixture(autouse=True)
@@ -211,7 +187,7 @@ out["ca_bundle"] = os.path.getsize("/etc/sandcell/ca-bundle.pem")
     # A datagram "sent" to the sandbox's own loopback goes nowhere; the host's server never sees it.
     assert out["udp"][0] in {"ok", "ConnectionRefusedError", "OSError"}, out["udp"]
     time.sleep(0.2)  # a datagram that had left would have arrived by now
-    assert not endpoints.udp.received
+    assert not endpoints.udp.queries
 
 
 # --- with egress: the job's proxy, and only it -------------------------------------------------
@@ -292,7 +268,7 @@ with open("/output/cmdlines", "wb") as f:
     assert ("denied.test", "denied", "not_allowed") in seen
     assert ("api.secret.test", "allowed", "tls_intercept") in seen
     assert {e["host"] for e in events} == {"allowed.test", "denied.test", "api.secret.test"}
-    assert not endpoints.udp.received  # the datagram had nowhere to go
+    assert not endpoints.udp.queries  # the datagram had nowhere to go
 
 
 def test_the_bridge_does_not_count_against_the_process_budget(
