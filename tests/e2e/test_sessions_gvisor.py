@@ -73,6 +73,19 @@ def _execute(http: httpx.Client, sid: str, code: str, timeout: float = 60) -> di
     return answer.json()
 
 
+def test_a_session_on_an_image_without_ipython_is_refused_before_any_sandbox(
+    server: Server,
+) -> None:
+    """`python` has only the standard library: a kernel there would boot and then fail."""
+    with _client(server, "ses-no-kernel") as http:
+        answer = http.post("/v1/sessions", json={"image": "python"})
+        assert answer.status_code == 422, answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+        [error] = answer.json()["errors"]
+        assert error["field"] == "image" and "IPython" in error["message"], error
+        assert http.get("/v1/sessions").json()["items"] == []
+
+
 def test_a_session_keeps_state_plots_pngs_and_survives_errors(server: Server) -> None:
     with _client(server, "ses-basic") as http:
         session = http.post("/v1/sessions", json={"image": "python-data"})

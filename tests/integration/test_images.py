@@ -212,3 +212,12 @@ def test_mirror_falls_back_to_sources_list_then_the_default(tmp_path: Path) -> N
         "deb [arch=amd64 signed-by=/k.gpg] http://x.local/debian bookworm main\n"
     )
     assert debian_mirror(apt_dir=tmp_path) == "http://x.local/debian"
+
+
+@pytest.mark.gvisor
+def test_only_an_image_with_ipython_can_host_a_session_kernel(
+    python_image: Image, python_data_image: Image
+) -> None:
+    assert python_data_image.kernel and not python_image.kernel
+    assert (python_data_image.rootfs / "usr/lib/python3/dist-packages/IPython").is_dir()
+    assert not (python_image.rootfs / "usr/lib/python3/dist-packages/IPython").exists()

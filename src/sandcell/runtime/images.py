@@ -112,7 +112,12 @@ class Manifest:
     packages: dict[str, str] = field(default_factory=dict)  # every installed package: version
 
     def image(self, version_dir: Path) -> Image:
-        return Image(self.name, self.version, self.digest, version_dir / "rootfs", self.python)
+        rootfs = version_dir / "rootfs"
+        return Image(self.name, self.version, self.digest, rootfs, self.python, self.has_ipython())
+
+    def has_ipython(self) -> bool:
+        pip = (spec.partition("=")[0].lower() for spec in self.recipe.get("pip", []))
+        return "python3-ipython" in self.packages or "ipython" in pip
 
 
 def build_image(name: str, images_dir: Path, *, force: bool = False) -> Image:

@@ -99,7 +99,7 @@ class SessionService:
 
     def _validated(self, tenant: Tenant, request: SessionRequest) -> dict[str, Any]:
         image = request.image or self.policy.default_image
-        errors = self.check.image_errors(tenant, image)
+        errors = self.check.image_errors(tenant, image, session=True)
         limits, limit_errors = self.check.limits(tenant, request.limits)
         errors += limit_errors + self.check.network_errors(tenant, request.network, request.secrets)
         if request.idle_timeout_s and request.idle_timeout_s > self.policy.max_idle_timeout_s:

@@ -23,14 +23,19 @@ class RequestValidator:
         self.store, self.images, self.network = store, images, network
         self.default_limits, self.max_limits = default_limits, max_limits
 
-    def image_errors(self, tenant: Tenant, image: str) -> list[FieldError]:
+    def image_errors(
+        self, tenant: Tenant, image: str, *, session: bool = False
+    ) -> list[FieldError]:
         if tenant.images is not None and image not in tenant.images:
             return [FieldError("image", f"image {image!r} is not allowed for this tenant")]
         try:
-            self.images.get(image)
+            found = self.images.get(image)
         except ImageUnavailable:
             known = ", ".join(self.images.names()) or "none"
             return [FieldError("image", f"unknown image {image!r}; available: {known}")]
+        if session and not found.kernel:
+            # Sessions run an IPython kernel; without it the sandbox would boot and then fail.
+            return [FieldError("image", f"image {image!r} has no IPython: it runs jobs only")]
         return []
 
     def limits(self, tenant: Tenant, requested: dict[str, Any]) -> tuple[Limits, list[FieldError]]:
