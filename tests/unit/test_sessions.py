@@ -1,5 +1,6 @@
 """Session service logic over a fake session runtime: lifecycle, quotas, files, previews."""
 
+import threading
 import time
 from datetime import datetime
 from types import SimpleNamespace
@@ -129,6 +130,26 @@ def test_idle_and_ttl_reaping_stop_sessions(api: Api) -> None:
     assert set(api.session_host.reap(time.time())) == {idle, short}
     assert api.http.get(f"/v1/sessions/{idle}", headers=alice).json()["reason"] == "idle_timeout"
     assert api.http.get(f"/v1/sessions/{short}", headers=alice).json()["reason"] == "ttl"
+
+
+def test_a_cell_longer_than_the_idle_timeout_is_not_idleness(api: Api) -> None:
+    """Idle time counts from the end of the last cell; a session running one is busy."""
+    alice = api.tenant("alice")
+    sid = _start(api, alice, idle_timeout_s=0.2)["id"]
+    cell = threading.Thread(
+        target=api.http.post,
+        args=(f"/v1/sessions/{sid}/execute",),
+        kwargs={"json": {"code": "import time; time.sleep(0.6)"}, "headers": alice},
+    )
+    cell.start()
+    time.sleep(0.4)
+    assert api.session_host.reap(time.time()) == []  # 0.4 s into a 0.6 s cell
+    cell.join()
+    assert api.session_host.reap(time.time()) == []  # it just ended
+    record = api.http.get(f"/v1/sessions/{sid}", headers=alice).json()
+    assert record["state"] == "running" and record["executions"] == 1
+    time.sleep(0.3)
+    assert api.session_host.reap(time.time()) == [sid]
 
 
 def test_preview_urls_need_their_token(api: Api) -> None:

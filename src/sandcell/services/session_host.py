@@ -38,7 +38,12 @@ MAX_DOWNLOAD = 256 * 1024 * 1024
 class LiveSession:
     sandbox: SessionSandbox
     egress: EgressSession | None
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # held while a cell runs
+    last_cell_end: float = 0.0  # before the API's record of the cell reaches the store
+
+    def idle_since(self, recorded: float) -> float | None:
+        """When it went idle, or None while a cell runs: a long cell is not idleness."""
+        return None if self.lock.locked() else max(recorded, self.last_cell_end)
 
 
 class LocalSessionHost:
@@ -178,12 +183,14 @@ class LocalSessionHost:
         live = self._get(session_id)
         try:
             with live.lock:
-                result = live.sandbox.execute(code, timeout_s, on_event)
+                try:
+                    result = live.sandbox.execute(code, timeout_s, on_event)
+                finally:
+                    live.last_cell_end = time.time()
         except SessionUnavailable as exc:
             self._ended(session_id, live, exc.detail)
             raise
-        self.store.touch_session(session_id, time.time())
-        return result
+        return result  # the API records the cell, which also marks the session used
 
     def _ended(self, session_id: str, live: LiveSession, detail: str) -> None:
         """The sandbox died under a cell (e.g. out of memory): release it, keep the files."""
@@ -254,7 +261,10 @@ class LocalSessionHost:
         for session in self.store.sessions_of_worker(
             self.worker_id, [SessionState.RUNNING, SessionState.PAUSED]
         ):
-            reason = _expiry_reason(session, now)
+            with self._lock:
+                live = self._live.get(session.id)
+            idle_since = live.idle_since(session.last_used_at) if live else session.last_used_at
+            reason = _expiry_reason(session, now, idle_since)
             if reason:
                 self.stop(session.id, reason)
                 stopped.append(session.id)
@@ -297,10 +307,9 @@ class LocalSessionHost:
         return live
 
 
-def _expiry_reason(session: Session, now: float) -> str | None:
+def _expiry_reason(session: Session, now: float, idle_since: float | None) -> str | None:
     if now >= session.expires_at:
         return "ttl"
-    idle = session.state is SessionState.RUNNING
-    if idle and now - session.last_used_at >= session.idle_timeout_s:
-        return "idle_timeout"
-    return None
+    if session.state is not SessionState.RUNNING or idle_since is None:
+        return None  # a paused session only expires by its TTL; a running cell is not idle
+    return "idle_timeout" if now - idle_since >= session.idle_timeout_s else None

@@ -1,13 +1,14 @@
 """Queries behind a session's cell history: numbered per session, newest kept, tenant-scoped.
 
-Numbering takes the session's row lock first (on SQLite the write lock every transaction
-takes), so two cells recorded at once get distinct, increasing numbers on both backends.
+Numbering first updates the session's row (last used, executions), which takes its row lock
+(on SQLite the write lock every transaction takes), so two cells recorded at once get
+distinct, increasing numbers on both backends.
 """
 
 from dataclasses import asdict, replace
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, select
+from sqlalchemy import Connection, delete, func, insert, select, update
 
 from sandcell.domain.cells import SessionCell
 from sandcell.domain.errors import NotFound
@@ -15,12 +16,12 @@ from sandcell.store.schema import session_cells, sessions
 
 
 def add(conn: Connection, cell: SessionCell, keep: int) -> SessionCell:
-    locked = conn.execute(
-        select(sessions.c.id)
+    touched = conn.execute(
+        update(sessions)
         .where(sessions.c.id == cell.session_id, sessions.c.tenant_id == cell.tenant_id)
-        .with_for_update()
-    ).first()
-    if locked is None:
+        .values(last_used_at=cell.finished_at, executions=sessions.c.executions + 1)
+    )
+    if touched.rowcount == 0:
         raise NotFound("no such session")
     last = conn.execute(
         select(func.coalesce(func.max(session_cells.c.seq), 0)).where(
@@ -29,12 +30,13 @@ def add(conn: Connection, cell: SessionCell, keep: int) -> SessionCell:
     ).scalar_one()
     numbered = replace(cell, seq=int(last) + 1)
     conn.execute(insert(session_cells).values(**asdict(numbered)))
-    conn.execute(
-        delete(session_cells).where(
-            session_cells.c.session_id == cell.session_id,
-            session_cells.c.seq <= numbered.seq - keep,
+    if numbered.seq > keep:
+        conn.execute(
+            delete(session_cells).where(
+                session_cells.c.session_id == cell.session_id,
+                session_cells.c.seq <= numbered.seq - keep,
+            )
         )
-    )
     return numbered
 
 

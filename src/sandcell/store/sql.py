@@ -866,14 +866,6 @@ class SqlStore:
         with self._tx() as conn:
             conn.execute(update(sessions).where(sessions.c.id == session_id).values(**values))
 
-    def touch_session(self, session_id: str, at: float) -> None:
-        with self._tx() as conn:
-            conn.execute(
-                update(sessions)
-                .where(sessions.c.id == session_id)
-                .values(last_used_at=at, executions=sessions.c.executions + 1)
-            )
-
     def list_sessions(self, tenant_id: str, live_only: bool, limit: int) -> list[Session]:
         query = select(sessions).where(sessions.c.tenant_id == tenant_id)
         if live_only:
