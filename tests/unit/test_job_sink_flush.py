@@ -2,6 +2,7 @@
 
 import time
 
+from sandcell.ports.notify import JOB_LOGS, LocalNotifier
 from sandcell.services.job_sink import LOG_FLUSH_S, JobSink
 from tests.conftest import Api
 
@@ -21,3 +22,24 @@ def test_a_line_that_nothing_follows_is_flushed_by_time(api: Api) -> None:
     assert [c.data for c in chunks] == [b"ready\n"]
     sink.flush()  # the final flush has nothing left to write twice
     assert [c.data for c in store.read_logs(job.id, -1)] == [b"ready\n"]
+
+
+def test_stored_chunks_are_notified_for_log_followers_and_an_empty_flush_is_not(
+    api: Api,
+) -> None:
+    alice = api.tenant("alice")
+    api.http.post("/v1/jobs", json={"code": "print('ready')"}, headers=alice)
+    store = api.services.store
+    job = store.claim_next("wrk_sink", time.time(), 30)
+    assert job is not None
+    notifier = LocalNotifier()
+    heard: list[str] = []
+    notifier.listen(JOB_LOGS, heard.append)
+    sink = JobSink(
+        store, api.blobs, job, job.fencing_token, f"{job.id}-{job.fencing_token}", notifier=notifier
+    )
+    sink.flush()
+    assert heard == []  # nothing was stored
+    sink.output("stdout", b"ready\n")
+    sink.flush()
+    assert heard == [job.id] and [c.data for c in store.read_logs(job.id, -1)] == [b"ready\n"]

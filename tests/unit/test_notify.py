@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sandcell.api.waiting import FALLBACK_S, JobEnd
-from sandcell.ports.notify import ANY, JOB_DONE, JOB_QUEUED, LocalNotifier, wake_on
+from sandcell.ports.notify import ANY, JOB_DONE, JOB_LOGS, JOB_QUEUED, LocalNotifier, wake_on
 from sandcell.store.notify_local import SocketNotifier
 
 
@@ -115,6 +115,23 @@ def test_job_end_wakes_a_waiter_at_once_and_only_for_its_job() -> None:
     woken, other = asyncio.run(scenario())
     assert woken < 0.5 < FALLBACK_S
     assert other == pytest.approx(0.2, abs=0.1)
+
+
+def test_a_log_follower_wakes_on_new_chunks_of_its_job_and_on_its_end() -> None:
+    async def scenario() -> list[float]:
+        notifier = LocalNotifier()
+        woken = []
+        with JobEnd(notifier, "job_1", (JOB_DONE, JOB_LOGS)) as news:
+            loop = asyncio.get_running_loop()
+            for channel in (JOB_LOGS, JOB_DONE):
+                loop.call_later(0.05, notifier.notify, channel, "job_1")
+                started = loop.time()
+                await news.wait(10)
+                woken.append(loop.time() - started)
+        assert notifier.listeners(JOB_LOGS) == notifier.listeners(JOB_DONE) == 0
+        return woken
+
+    assert all(seconds < 0.5 < FALLBACK_S for seconds in asyncio.run(scenario()))
 
 
 def test_job_end_takes_a_wake_up_for_every_job() -> None:

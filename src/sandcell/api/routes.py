@@ -25,14 +25,14 @@ from sandcell.api.schemas import (
     SignedUrlOut,
 )
 from sandcell.api.views import artifact_out, file_out, iso, job_out, log_text
-from sandcell.api.waiting import JobEnd
+from sandcell.api.waiting import FALLBACK_S, JobEnd
 from sandcell.domain.records import InputRef, Job, SecretInfo
 from sandcell.domain.states import JobState
+from sandcell.ports.notify import JOB_DONE, JOB_LOGS
 from sandcell.services.jobs import Submission, body_fingerprint
 
 router = APIRouter(prefix="/v1")
 MAX_WAIT_S = 60
-LOG_POLL_S = 0.2  # new log chunks are not notified; a job's end is
 
 
 def _job_out(svc: Svc, job: Job) -> JobOut:
@@ -184,7 +184,7 @@ def job_logs(svc: Svc, who: Caller, job_id: str, request: Request) -> Any:
 async def _log_events(svc: Svc, who: Any, job_id: str) -> AsyncIterator[str]:
     """Server-sent events: one `stdout`/`stderr` event per chunk, then `end` with the state."""
     seq = -1
-    with JobEnd(svc.jobs.notifier, job_id) as ended:
+    with JobEnd(svc.jobs.notifier, job_id, (JOB_DONE, JOB_LOGS)) as news:
         while True:
             job = await to_thread.run_sync(svc.jobs.get, who, job_id)
             chunks = await to_thread.run_sync(svc.jobs.logs, who, job_id, seq)
@@ -197,7 +197,7 @@ async def _log_events(svc: Svc, who: Any, job_id: str) -> AsyncIterator[str]:
                 yield f"event: end\ndata: {json.dumps(end)}\n\n"
                 return
             if not chunks:
-                await ended.wait(LOG_POLL_S)
+                await news.wait(FALLBACK_S)  # new chunks and the end are notified
 
 
 @router.post(

@@ -1,4 +1,5 @@
-"""Waiting for a job's end inside the event loop, woken by notifications instead of polling."""
+"""Waiting for a job's end (or its next logs) inside the event loop, woken by notifications
+instead of polling."""
 
 import asyncio
 import contextlib
@@ -11,17 +12,21 @@ FALLBACK_S = 1.0
 
 
 class JobEnd:
-    """An event set when a notification says `job_id` may have ended; use as a context."""
+    """An event set when a notification on `channels` (by default: the job may have ended)
+    names `job_id`; use as a context."""
 
-    def __init__(self, notifier: Notifier, job_id: str) -> None:
+    def __init__(
+        self, notifier: Notifier, job_id: str, channels: tuple[str, ...] = (JOB_DONE,)
+    ) -> None:
         self._notifier = notifier
         self._job_id = job_id
+        self._channels = channels
         self._event = asyncio.Event()
         self._loop = asyncio.get_running_loop()
-        self._unlisten: Unlisten | None = None
+        self._unlisten: list[Unlisten] = []
 
     def __enter__(self) -> "JobEnd":
-        self._unlisten = self._notifier.listen(JOB_DONE, self._heard)
+        self._unlisten = [self._notifier.listen(c, self._heard) for c in self._channels]
         return self
 
     def __exit__(
@@ -30,8 +35,8 @@ class JobEnd:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._unlisten is not None:
-            self._unlisten()
+        for unlisten in self._unlisten:
+            unlisten()
 
     def _heard(self, payload: str) -> None:  # any thread
         if payload in (self._job_id, ANY) and not self._loop.is_closed():

@@ -1,4 +1,5 @@
-"""The notification port: wake-ups between the API and workers ("a job was queued", "a job ended").
+"""The notification port: wake-ups between the API and workers ("a job was queued", "a job ended",
+"a job logged").
 
 A notification is a hint, never the record: whoever wakes re-reads the store, and every waiter
 still polls at a modest interval, so a lost notification costs that interval, never correctness.
@@ -22,7 +23,10 @@ JOB_QUEUED = "sandcell_job_queued"
 JOB_DONE = "sandcell_job_done"
 """A job may have reached a terminal state. Payload: the job id."""
 
-CHANNELS = (JOB_QUEUED, JOB_DONE)
+JOB_LOGS = "sandcell_job_logs"
+"""New log chunks of a running job are in the store. Payload: the job id."""
+
+CHANNELS = (JOB_QUEUED, JOB_DONE, JOB_LOGS)
 
 ANY = ""
 """The payload of a wake-up that may concern every job (e.g. after a listener reconnected)."""

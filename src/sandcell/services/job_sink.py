@@ -19,6 +19,7 @@ from sandcell.domain.ids import new_id
 from sandcell.domain.paths import safe_relative_path
 from sandcell.domain.records import Artifact, Job
 from sandcell.ports.artifacts import BlobStore
+from sandcell.ports.notify import JOB_LOGS, Notifier
 from sandcell.ports.store import Store
 from sandcell.services.patience import patiently
 
@@ -40,8 +41,10 @@ class JobSink:
         sandbox_id: str,
         *,
         patience_s: float = 0.0,
+        notifier: Notifier | None = None,
     ) -> None:
         self.store, self.blobs, self.job, self.token = store, blobs, job, token
+        self.notifier = notifier  # wakes log followers (SSE) when chunks are stored
         self.sandbox_id = sandbox_id  # the spec's, until a pooled runtime says `placed`
         # How long a write may wait out a store outage; the sandbox's pipes just fill meanwhile.
         # A repeat after a lost answer can at worst duplicate a log chunk or an artifact row.
@@ -130,6 +133,8 @@ class JobSink:
             self._pending, self._pending_bytes = [], 0
         for stream, data in self._pending:
             self._append_log(stream, bytes(data))
+        if self._pending and self.notifier is not None:
+            self.notifier.notify(JOB_LOGS, self.job.id)
         self._pending, self._pending_bytes = [], 0
         self._flushed_at = time.monotonic()
 

@@ -317,7 +317,13 @@ class Worker:
     def _supervised(self, job: Job, token: int, spec: SandboxSpec) -> tuple[SandboxResult, JobSink]:
         """Run the sandbox with a heartbeat that renews the lease and relays cancel requests."""
         sink = JobSink(
-            self.store, self.blobs, job, token, spec.sandbox_id, patience_s=self.config.lease_s
+            self.store,
+            self.blobs,
+            job,
+            token,
+            spec.sandbox_id,
+            patience_s=self.config.lease_s,
+            notifier=self.notifier,
         )
         cancel = threading.Event()
         lost = sink.abandoned  # the lease is gone: nothing of this attempt may be written
