@@ -1,5 +1,6 @@
 """The composition root: the only module that picks adapters."""
 
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -11,7 +12,7 @@ from sandcell.api.app import create_app
 from sandcell.api.deps import Services
 from sandcell.api.internal import create_internal_app
 from sandcell.artifacts.filesystem import FilesystemBlobStore
-from sandcell.domain.errors import RuntimeUnavailable
+from sandcell.domain.errors import ImageUnavailable, RuntimeUnavailable
 from sandcell.egress.validation import EgressValidator
 from sandcell.ports.egress import Egress
 from sandcell.ports.notify import Notifier
@@ -33,6 +34,8 @@ from sandcell.settings import Settings
 from sandcell.store.overview import SqlOverview
 from sandcell.store.sql import SqlStore, prepare_sqlite
 from sandcell.vault.fernet import FernetCipher
+
+log = logging.getLogger("sandcell")
 
 
 def build_store(settings: Settings) -> SqlStore:
@@ -262,8 +265,12 @@ def build_session_pool(
     from sandcell.runtime.pool import PoolConfig, parse_sizes
     from sandcell.runtime.session_pool import SESSION_PRELOADS, SessionPool
 
-    sizes = parse_sizes(settings.session_pool_size)
-    if not any(sizes.values()):
+    sizes = {
+        name: size
+        for name, size in parse_sizes(settings.session_pool_size).items()
+        if size and _can_host_kernels(images, name)
+    }
+    if not sizes:
         return None
     config = PoolConfig(
         sizes,
@@ -276,6 +283,17 @@ def build_session_pool(
     pool = SessionPool(runtime, images, config, state_root / ".pool", BASE_ENV)
     pool.start()
     return pool
+
+
+def _can_host_kernels(images: FilesystemImageCatalog, name: str) -> bool:
+    """An image without IPython would boot kernels that fail, over and over."""
+    try:
+        if images.get(name).kernel:
+            return True
+    except ImageUnavailable:
+        return True  # not built yet: the pool waits for it like for any image
+    log.warning("SANDCELL_SESSION_POOL_SIZE: image %r has no IPython; no kernels pooled", name)
+    return False
 
 
 def build_internal_app(settings: Settings, worker: Worker) -> FastAPI:

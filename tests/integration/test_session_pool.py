@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from sandcell.app import build_session_pool
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.ports.sessions import SessionSpec
@@ -23,6 +24,7 @@ from sandcell.runtime.session import GVisorSessionRuntime
 from sandcell.runtime.session_pool import SESSION_PRELOADS, SessionPool
 from sandcell.runtime.session_sandbox import GVisorSession
 from sandcell.runtime.session_volume import VOLUME_NAME
+from sandcell.settings import Settings
 from tests.integration.conftest import IMAGE_DIR, assert_released
 
 pytestmark = pytest.mark.gvisor
@@ -181,3 +183,13 @@ def test_sessions_the_pool_cannot_honour_start_cold(
     assert pool.pool.stats.refused == refused + 3
     figures = pool.pool_figures()
     assert figures["refused"]["python-data"] >= 3 and figures["target"] == {"python-data": 1}
+
+
+def test_a_pool_size_for_an_image_without_ipython_pools_nothing(
+    runtime: GVisorSessionRuntime, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`python` has no IPython: its kernels would fail to boot, again and again."""
+    images = FilesystemImageCatalog(IMAGE_DIR)
+    settings = Settings(data_dir=tmp_path, session_pool_size="python=1")
+    assert build_session_pool(settings, runtime, images, tmp_path) is None
+    assert "has no IPython" in caplog.text
