@@ -20,7 +20,7 @@ from sandcell.domain.errors import Conflict, StaleLease
 from sandcell.domain.ids import new_id
 from sandcell.domain.limits import Limits
 from sandcell.domain.records import Artifact, Job, JobSpec
-from sandcell.domain.states import JobState
+from sandcell.domain.states import JobState, Reason
 from sandcell.store.sql import SqlStore
 from tests.contract.test_store import _tenant, store  # noqa: F401  (the fixture)
 
@@ -52,6 +52,7 @@ FENCED: dict[str, Write] = {
     "renew_lease": _renew,
     "release_job": lambda s, job, token: s.release_job(job.id, token, time.time()),
     "finish_job": _finish,
+    "fail_job": lambda s, job, token: s.fail_job(job.id, Reason.INTERNAL, "x", time.time(), token),
 }
 CHECK_THEN_WRITE = ["append_log", "add_artifacts", "commit_stage", "record_once", "release_job"]
 

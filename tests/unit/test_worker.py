@@ -296,3 +296,28 @@ def test_without_an_egress_proxy_the_worker_refuses_network_jobs(api: Api) -> No
     _run_all(api)
     record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()
     assert (record["state"], record["reason"]) == ("failed", "policy_denied")
+
+
+def test_an_internal_error_after_the_job_was_reclaimed_leaves_the_new_owner_alone(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    alice = api.tenant("alice")
+    body = {"code": "print(1)", "retry": {"max_attempts": 2}}
+    job_id = api.http.post("/v1/jobs", json=body, headers=alice).json()["id"]
+    store, worker = api.services.store, _worker(api)
+    stale = store.claim_next("wrk_test", time.time(), 5)
+    assert stale is not None
+    assert store.fail_lost_jobs(time.time() + 3600) == [job_id]  # its lease ran out
+    fresh = store.claim_next("wrk_other", time.time(), 30)
+    assert fresh is not None and fresh.fencing_token > stale.fencing_token
+
+    def crash(job: object) -> None:
+        raise RuntimeError("a bug in the worker")
+
+    monkeypatch.setattr(worker, "run_job", crash)
+    worker._run_guarded(stale)
+    record = api.http.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert record["state"] == "running" and record["reason"] is None
+    worker._run_guarded(fresh)  # the owner's own internal error does end it
+    record = api.http.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert (record["state"], record["reason"]) == ("failed", "internal")

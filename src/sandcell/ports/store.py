@@ -82,7 +82,11 @@ class Store(Protocol):
     def release_job(self, job_id: str, token: int, now: float) -> None:
         """The owner gives the job up: re-queue it if it has attempts left, else worker_lost."""
 
-    def fail_job(self, job_id: str, reason: Reason, detail: str, at: float) -> None: ...
+    def fail_job(
+        self, job_id: str, reason: Reason, detail: str, at: float, token: int | None = None
+    ) -> None:
+        """End an active job with `reason`; with `token`, only while that token holds it
+        (else StaleLease)."""
 
     # logs and artifacts, seen by the API
     def read_logs(self, job_id: str, after_seq: int) -> list[LogChunk]: ...

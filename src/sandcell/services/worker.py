@@ -260,14 +260,18 @@ class Worker:
             log.warning("job %s: %s; leaving it to its new owner", job.id, exc.detail)
         except Exception:
             log.exception("job %s: internal error", job.id)
-            self._patiently(lambda: self._fail_internal(job))
+            try:
+                self._patiently(lambda: self._fail_internal(job))
+            except StaleLease:
+                log.warning("job %s: ended or re-claimed meanwhile; left as it is", job.id)
         finally:
             with self._lock:
                 self._running -= 1
             self._wake.set()  # a slot is free: claim again now, not at the next poll
 
     def _fail_internal(self, job: Job) -> None:
-        self.store.fail_job(job.id, Reason.INTERNAL, "internal error in the worker", time.time())
+        detail, token = "internal error in the worker", job.fencing_token
+        self.store.fail_job(job.id, Reason.INTERNAL, detail, time.time(), token)
         self.notifier.notify(JOB_DONE, job.id)
 
     def run_job(self, job: Job) -> None:

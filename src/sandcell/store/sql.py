@@ -633,11 +633,14 @@ class SqlStore:
             values["detail"] = "the worker stopped before the job finished"
             conn.execute(update(jobs).where(self._owned(job_id, token)).values(**values))
 
-    def fail_job(self, job_id: str, reason: Reason, detail: str, at: float) -> None:
+    def fail_job(
+        self, job_id: str, reason: Reason, detail: str, at: float, token: int | None = None
+    ) -> None:
+        fenced = [] if token is None else [jobs.c.fencing_token == token]
         with self._tx() as conn:
-            conn.execute(
+            failed = conn.execute(
                 update(jobs)
-                .where(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE))
+                .where(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE), *fenced)
                 .values(
                     state=reason.state.value,
                     reason=reason.value,
@@ -646,6 +649,8 @@ class SqlStore:
                     fencing_token=jobs.c.fencing_token + 1,
                 )
             )
+            if token is not None and failed.rowcount == 0:
+                raise StaleLease()  # ended, or another worker's now: not this one's to fail
 
     # logs and artifacts, seen by the API
 
