@@ -324,3 +324,23 @@ def test_quota_overrides_are_patched_and_reset(store: SqlStore) -> None:
     found = store.get_tenant(tenant.id)
     assert found is not None and found.quotas == reset.quotas
     assert store.patch_tenant_quotas("ten_nope", {"sessions": 1}) is None
+
+
+def test_outputs_of_a_page_of_jobs_match_each_jobs_own_reads(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    for _ in range(3):
+        store.add_job(_job(tenant), None)
+    claimed = [store.claim_next("w1", time.time(), 30) for _ in range(3)]
+    made, staged, idle = [job for job in claimed if job is not None]
+    for path in ("b.png", "a.csv"):
+        artifact = Artifact(new_id("art"), tenant.id, made.id, path, 1, "0" * 64, time.time())
+        store.add_artifacts(made.id, [artifact], made.fencing_token)
+    kept = Artifact(new_id("art"), tenant.id, staged.id, "clean.csv", 2, "1" * 64, time.time())
+    store.commit_stage(staged.id, staged.fencing_token, "clean", [kept], time.time())
+    ids = [made.id, staged.id, idle.id]
+    found = store.outputs_of(ids)
+    assert list(found) == ids and store.outputs_of([]) == {}
+    for job_id in ids:
+        assert found[job_id] == (store.list_artifacts(job_id), store.job_stages(job_id))
+    assert [a.path for a in found[made.id][0]] == ["a.csv", "b.png"]
+    assert [s["name"] for s in found[staged.id][1]] == ["clean"] and found[idle.id] == ([], [])

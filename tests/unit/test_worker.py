@@ -51,6 +51,8 @@ def test_completed_job_has_logs_outputs_and_timings(api: Api) -> None:
     assert logs == {"stdout": "done\n", "stderr": "warn\n"}
     content = api.http.get(f"/v1/artifacts/{output['artifact_id']}/content", headers=alice)
     assert content.content == b"PNG" * 100
+    [listed] = api.http.get("/v1/jobs", headers=alice).json()["items"]
+    assert listed["outputs"] == record["outputs"]  # the page reads every job's outputs at once
 
 
 def test_signed_urls_work_without_a_key_and_fail_when_tampered_or_crossed(api: Api) -> None:

@@ -129,7 +129,9 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> JobPage:
     jobs, next_cursor = svc.jobs.list_jobs(who, state, cursor, limit)
-    return JobPage(items=[_job_out(svc, job) for job in jobs], next_cursor=next_cursor)
+    outputs = svc.store.outputs_of([job.id for job in jobs])  # two queries for the page
+    items = [job_out(job, *outputs[job.id]) for job in jobs]
+    return JobPage(items=items, next_cursor=next_cursor)
 
 
 @router.get(

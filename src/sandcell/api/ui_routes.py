@@ -215,9 +215,12 @@ def keys(_: Admin, request: Request) -> KeyPage:
     )
 
 
-def _tenant_job(svc: Services, job: Job) -> TenantJobOut:
-    record = job_out(job, svc.store.list_artifacts(job.id), svc.store.job_stages(job.id))
-    return TenantJobOut(**record.model_dump(), tenant_id=job.tenant_id)
+def _tenant_jobs(svc: Services, jobs: list[Job]) -> list[TenantJobOut]:
+    outputs = svc.store.outputs_of([job.id for job in jobs])  # two queries for the page
+    return [
+        TenantJobOut(**job_out(job, *outputs[job.id]).model_dump(), tenant_id=job.tenant_id)
+        for job in jobs
+    ]
 
 
 @router.get("/admin/overview/jobs", response_model=TenantJobPage, tags=["admin"])
@@ -231,7 +234,7 @@ def jobs(
 ) -> TenantJobPage:
     """The newest jobs of every tenant (or of one), each naming its tenant."""
     found = overview(request).jobs(tenant_id, state, limit)
-    return TenantJobPage(items=[_tenant_job(svc, job) for job in found])
+    return TenantJobPage(items=_tenant_jobs(svc, found))
 
 
 def _any_job(request: Request, job_id: str) -> Job:
@@ -248,7 +251,8 @@ def _any_job(request: Request, job_id: str) -> Job:
     responses=problem_responses(404),
 )
 def job(svc: Svc, _: Admin, request: Request, job_id: str) -> TenantJobOut:
-    return _tenant_job(svc, _any_job(request, job_id))
+    [one] = _tenant_jobs(svc, [_any_job(request, job_id)])
+    return one
 
 
 @router.get(

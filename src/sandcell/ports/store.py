@@ -127,6 +127,12 @@ class Store(Protocol):
 
     def record_once(self, job_id: str, token: int, key: str, at: float) -> bool: ...
     def job_stages(self, job_id: str) -> list[dict[str, Any]]: ...
+    def outputs_of(
+        self, job_ids: list[str]
+    ) -> dict[str, tuple[list[Artifact], list[dict[str, Any]]]]:
+        """Each job's artifacts and stages, as list_artifacts and job_stages give them, read
+        together for a page of jobs."""
+
     def once_keys(self, job_id: str) -> list[str]: ...
 
     # sessions

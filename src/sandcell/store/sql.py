@@ -165,6 +165,15 @@ def _tenant_from_row(row: Any) -> Tenant:
     return Tenant(**values)
 
 
+def _stage_from_row(row: Any) -> dict[str, Any]:
+    return {
+        "name": row.name,
+        "attempt": row.attempt,
+        "committed_at": row.committed_at,
+        "files": row.files,
+    }
+
+
 def _artifact_from_row(row: Any) -> Artifact:
     return Artifact(**dict(row._mapping))
 
@@ -834,15 +843,28 @@ class SqlStore:
             .order_by(job_stages.c.committed_at)
         )
         with self._read() as conn:
-            return [
-                {
-                    "name": r.name,
-                    "attempt": r.attempt,
-                    "committed_at": r.committed_at,
-                    "files": r.files,
-                }
-                for r in conn.execute(query)
-            ]
+            return [_stage_from_row(r) for r in conn.execute(query)]
+
+    def outputs_of(
+        self, job_ids: list[str]
+    ) -> dict[str, tuple[list[Artifact], list[dict[str, Any]]]]:
+        found: dict[str, tuple[list[Artifact], list[dict[str, Any]]]] = {
+            job_id: ([], []) for job_id in job_ids
+        }
+        if not job_ids:
+            return found
+        made = select(artifacts).where(artifacts.c.job_id.in_(job_ids)).order_by(artifacts.c.path)
+        staged = (
+            select(job_stages)
+            .where(job_stages.c.job_id.in_(job_ids))
+            .order_by(job_stages.c.committed_at)
+        )
+        with self._read() as conn:
+            for row in conn.execute(made):
+                found[row.job_id][0].append(_artifact_from_row(row))
+            for row in conn.execute(staged):
+                found[row.job_id][1].append(_stage_from_row(row))
+        return found
 
     def once_keys(self, job_id: str) -> list[str]:
         query = select(job_once.c.key).where(job_once.c.job_id == job_id)
