@@ -170,7 +170,9 @@ async def _drive_session(server: Server, key: str) -> dict[str, Any]:
             "download_from_session", {"session_id": sid, "path": "data.csv"}
         )
         stopped = await client.call_tool("session_stop", {"session_id": sid})
+        history = await client.call_tool("session_history", {"session_id": sid, "limit": 5})
         return {
+            "history": history,
             "first": first,
             "uploaded": uploaded,
             "chart": chart,
@@ -189,6 +191,9 @@ def test_mcp_session_keeps_state_and_returns_a_matplotlib_chart(server: Server) 
     assert str(sum(d * 3 % 7 + 1 for d in range(12))) in _text(seen["chart"])
     assert _text(seen["back"]) == CSV
     assert "stopped" in _text(seen["stopped"])
+    history = _text(seen["history"])  # outlives the sandbox: both cells, code and output
+    assert "2 recent cells" in history and "[1] >>> x = 41" in history and "42" in history
+    assert "[2] >>> " in history and _png(seen["history"])[:8] == PNG_SIGNATURE
 
 
 def _free_port() -> int:

@@ -166,6 +166,15 @@ class SandcellTools:
         self._sessions.pop(session_id, None)
         return [_text(f"session {session_id}: {info.state}")]
 
+    def session_history(self, session_id: str, limit: int = 10) -> list[Content]:
+        with self._errors():
+            cells = self._session(session_id).cells(limit=max(1, min(limit, 100)))
+        blocks: list[Content] = [_text(f"session {session_id}: {len(cells)} recent cells")]
+        for cell in cells:
+            blocks.append(_text(f"[{cell.seq}] >>> {cell.code}"))
+            blocks += _cell_content(cell.model_dump())
+        return blocks
+
     def upload_to_session(self, session_id: str, path: str, content_base64: str) -> list[Content]:
         raw = _decode_base64(content_base64)
         with self._errors():
@@ -249,6 +258,8 @@ TOOLS: dict[str, str] = {
     "run_python": RUN_PYTHON,
     "session_execute": SESSION_EXECUTE,
     "session_stop": "Stop a session started by session_execute and free its sandbox.",
+    "session_history": "Show a session's most recent cells (up to `limit`, oldest first): "
+    "each one's code and what it printed, returned or drew. Kept after the session stops.",
     "get_job": "Show a run_python job by id: its state, exit code, reason and logs.",
     "list_jobs": "List this tenant's recent run_python jobs (newest first); `state` filters: "
     "'accepted', 'running', 'completed', 'failed' or 'cancelled'.",
