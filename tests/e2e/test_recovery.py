@@ -341,8 +341,8 @@ def test_every_job_ends_exactly_once_across_a_database_restart(cluster: Cluster)
         assert record["state"] in TERMINAL and record["finished_at"], record
         assert record["attempts"][-1]["state"] == record["state"], record  # decided once
         assert all(a["reason"] == "worker_lost" for a in record["attempts"][:-1]), record
-    states = sorted({(r["state"], r["reason"]) for r in records}, key=str)
-    assert all(r["state"] == "completed" for r in records), states
+    failed = [(r["id"], r["reason"], r["detail"], r["attempts"]) for r in records]
+    assert all(r["state"] == "completed" for r in records), [f for f in failed if f[1]]
     workers = [p for p in cluster.procs if p.worker_id and p.popen.returncode is None]
     assert all(p.popen.poll() is None for p in workers)  # the outage ended no worker
     assert all("store unavailable" in p.log.read_text() for p in workers)  # but they saw it

@@ -27,15 +27,21 @@ def _worker(api: Api) -> Worker:
 
 
 class StoreOutage:
-    """The store, until `down` is set: then every call fails as a lost database does."""
+    """The store, until `down` is set (or `from_call` is called the `nth` time): then every
+    call fails as a lost database does."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, from_call: str | None = None, nth: int = 1) -> None:
         self.store, self.down, self.refused = store, threading.Event(), set[str]()
+        self.from_call, self.calls_left = from_call, nth
 
     def __getattr__(self, name: str) -> Any:
         real = getattr(self.store, name)
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            if name == self.from_call:
+                self.calls_left -= 1
+                if self.calls_left == 0:
+                    self.down.set()
             if self.down.is_set():
                 self.refused.add(name)
                 raise StoreUnavailable()
@@ -139,3 +145,35 @@ def test_a_blob_stored_again_since_is_not_deleted_as_unused(tmp_path: Path) -> N
     assert blobs.exists(sha256)
     assert blobs.delete(sha256, stored_by=time.time())
     assert not blobs.exists(sha256)
+
+
+@pytest.mark.parametrize("nth", [1, 2], ids=["before-the-sandbox", "at-output-collection"])
+def test_an_outage_longer_than_the_lease_leaves_the_job_to_its_lease(
+    api: Api, caplog: pytest.LogCaptureFixture, nth: int
+) -> None:
+    """Not runtime_error nor internal: the store, not the sandbox or the worker, failed, so
+    the attempt is lost and the job runs again. (It used to end failed/runtime_error, or
+    before the sandbox to escape the worker's guard with a crash trace.)"""
+    alice = api.tenant("alice")
+    body = {"code": "open('/output/a.txt','w').write('a')", "retry": {"max_attempts": 2}}
+    job_id = api.http.post("/v1/jobs", json=body, headers=alice).json()["id"]
+    # job_stages: read first to build the sandbox's spec, then when its outputs are collected
+    store = StoreOutage(api.services.store, from_call="job_stages", nth=nth)
+    config = WorkerConfig("wrk_out", slots=1, lease_s=0.5, heartbeat_s=0.1, poll_s=0.01)
+    worker = Worker(store, api.blobs, HostProcessRuntime(), FakeImages("python"), config)  # type: ignore[arg-type]
+    job = store.claim_next("wrk_out", time.time(), config.lease_s)
+    assert job is not None
+    worker._run_guarded(job)  # returns: no exception escapes the guard
+    assert "job_stages" in store.refused and store.refused.isdisjoint({"finish_job", "fail_job"})
+    assert "the store was unreachable" in caplog.text
+    assert "internal error" not in caplog.text
+    left = api.services.store.get_job(None, job_id)
+    assert left is not None and left.state is JobState.RUNNING and left.reason is None
+    assert api.services.store.fail_lost_jobs(time.time() + 60) == [job_id]  # lease expired
+    again = api.services.store.claim_next("wrk_test", time.time(), 5)
+    assert again is not None and again.id == job_id
+    _worker(api).run_job(again)
+    record = api.http.get(f"/v1/jobs/{job_id}", headers=alice).json()
+    assert record["state"] == "completed", record
+    assert [a["reason"] for a in record["attempts"]] == ["worker_lost", None]
+    assert [o["path"] for o in record["outputs"]] == ["a.txt"]

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import BinaryIO, TypeVar
 
-from sandcell.domain.errors import SandcellError, StorageFull
+from sandcell.domain.errors import SandcellError, StorageFull, StoreUnavailable
 from sandcell.domain.ids import new_id
 from sandcell.domain.paths import safe_relative_path
 from sandcell.domain.records import Artifact, Job
@@ -56,6 +56,8 @@ class JobSink:
         # Set when the lease is gone: another worker may own the job, so nothing of this
         # attempt is written any more, and no store outage holds up the sandbox's stop.
         self.abandoned = threading.Event()
+        # Set when a write outlasted the store's patience: what this attempt made is incomplete.
+        self.store_lost = threading.Event()
         self._lock = threading.Lock()
         self._pending: list[tuple[str, bytearray]] = []
         self._pending_bytes = 0
@@ -142,7 +144,11 @@ class JobSink:
         self._patiently(lambda: self.store.append_log(self.job.id, self.token, stream, chunk))
 
     def _patiently(self, call: Callable[[], T]) -> T:
-        return patiently(call, self.patience_s)
+        try:
+            return patiently(call, self.patience_s)
+        except StoreUnavailable:
+            self.store_lost.set()  # the worker leaves the attempt to its lease
+            raise
 
     def output_file(self, path: str, content: BinaryIO, size: int) -> None:
         if self.abandoned.is_set():

@@ -258,6 +258,8 @@ class Worker:
             self.run_job(job)
         except StaleLease as exc:
             log.warning("job %s: %s; leaving it to its new owner", job.id, exc.detail)
+        except StoreUnavailable:
+            log.warning("job %s: the store was unreachable for longer than the lease", job.id)
         except Exception:
             log.exception("job %s: internal error", job.id)
             try:
@@ -348,6 +350,12 @@ class Worker:
             sink.discard_outputs()
             released = "released" if result.released else "NOT verified released"
             raise StaleLease(f"lease lost; its sandbox was stopped ({released})")
+        if sink.store_lost.is_set():
+            # The sink waited out the store for as long as the lease lasts: not the sandbox's
+            # failure, and not this worker's to decide. The lease expires and the job is
+            # re-queued or ends worker_lost, as a lost worker's would.
+            sink.discard_outputs()
+            raise StaleLease("the store was unreachable while the job ran")
         sink.flush()
         return result, sink
 
@@ -437,6 +445,9 @@ class Worker:
         except StorageFull as exc:  # ours, not the sandbox's: none of its outputs is recorded
             sink.discard_outputs()
             return SandboxResult(None, Reason.INTERNAL, exc.detail, released=True)
+        except StoreUnavailable as exc:  # the sink's, after its patience: see _supervised
+            sink.store_lost.set()
+            return SandboxResult(None, Reason.INTERNAL, exc.detail)
         except SandcellError as exc:
             return SandboxResult(None, Reason.RUNTIME_ERROR, exc.detail)
 
