@@ -7,6 +7,7 @@ reads it when it reports in, and `serve` ends with the mode it was asked for.
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -133,14 +134,19 @@ def test_stop_hands_the_job_back_and_a_new_worker_finishes_it(
 
 
 def test_a_second_attempt_on_a_fresh_worker_completes(
-    api: Api, running: Callable[[str], Running]
+    api: Api, running: Callable[[str], Running], tmp_path: Path
 ) -> None:
     alice = api.tenant("alice")
     first = running("wrk_one")
+    # The first attempt outlasts any stop (a loaded machine once let a 1 s job finish before
+    # the stop was noticed); the second finds the mark and ends at once.
+    mark = tmp_path / "first-attempt"
+    code = (
+        f"import os, time, pathlib; m = pathlib.Path({str(mark)!r})\n"
+        "if not m.exists(): m.touch(); time.sleep(60)"
+    )
     job = api.http.post(
-        "/v1/jobs",
-        json={"code": "import time; time.sleep(1)", "retry": {"max_attempts": 2}},
-        headers=alice,
+        "/v1/jobs", json={"code": code, "retry": {"max_attempts": 2}}, headers=alice
     ).json()
     _wait(lambda: _holding(api, "wrk_one", job["id"]))
     api.http.post("/v1/admin/workers/wrk_one/drain", json={"mode": "stop"}, headers=ADMIN)
