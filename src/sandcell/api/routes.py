@@ -24,7 +24,7 @@ from sandcell.api.schemas import (
     SecretPut,
     SignedUrlOut,
 )
-from sandcell.api.views import artifact_out, file_out, iso, job_out, log_text
+from sandcell.api.views import artifact_out, file_out, iso, job_out, jobs_out, log_text
 from sandcell.api.waiting import FALLBACK_S, JobEnd
 from sandcell.domain.records import InputRef, Job, SecretInfo
 from sandcell.domain.states import JobState
@@ -38,7 +38,8 @@ MAX_WAIT_S = 60
 def _job_out(svc: Svc, job: Job) -> JobOut:
     if job.state is JobState.ACCEPTED and not job.attempts:
         return job_out(job, [], [])  # never ran: nothing to read (saves two queries a submit)
-    return job_out(job, svc.store.list_artifacts(job.id), svc.store.job_stages(job.id))
+    [record] = jobs_out(svc.store, [job])
+    return record
 
 
 def _submission(body: JobIn) -> Submission:
@@ -129,9 +130,7 @@ def list_jobs(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> JobPage:
     jobs, next_cursor = svc.jobs.list_jobs(who, state, cursor, limit)
-    outputs = svc.store.outputs_of([job.id for job in jobs])  # two queries for the page
-    items = [job_out(job, *outputs[job.id]) for job in jobs]
-    return JobPage(items=items, next_cursor=next_cursor)
+    return JobPage(items=jobs_out(svc.store, jobs), next_cursor=next_cursor)
 
 
 @router.get(

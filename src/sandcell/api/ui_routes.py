@@ -38,7 +38,7 @@ from sandcell.api.ui_schemas import (
     WhoAmI,
     WorkerOut,
 )
-from sandcell.api.views import iso, job_out, log_text
+from sandcell.api.views import iso, jobs_out, log_text
 from sandcell.domain.errors import NotFound, RuntimeUnavailable
 from sandcell.domain.records import LIVE_WORKER_S, Job
 from sandcell.domain.states import JobState
@@ -216,10 +216,9 @@ def keys(_: Admin, request: Request) -> KeyPage:
 
 
 def _tenant_jobs(svc: Services, jobs: list[Job]) -> list[TenantJobOut]:
-    outputs = svc.store.outputs_of([job.id for job in jobs])  # two queries for the page
     return [
-        TenantJobOut(**job_out(job, *outputs[job.id]).model_dump(), tenant_id=job.tenant_id)
-        for job in jobs
+        TenantJobOut(**record.model_dump(), tenant_id=job.tenant_id)
+        for job, record in zip(jobs, jobs_out(svc.store, jobs), strict=True)
     ]
 
 

@@ -5,6 +5,7 @@ from typing import Any
 
 from sandcell.api.schemas import ArtifactOut, FileOut, JobOut, OutputOut
 from sandcell.domain.records import Artifact, Job, StoredFile
+from sandcell.ports.store import Store
 
 
 def iso(at: float | None) -> str | None:
@@ -13,6 +14,12 @@ def iso(at: float | None) -> str | None:
 
 def _ms(start: float | None, end: float | None) -> float | None:
     return round((end - start) * 1000, 1) if start is not None and end is not None else None
+
+
+def jobs_out(store: Store, jobs: list[Job]) -> list[JobOut]:
+    """The records of `jobs` with their outputs and stages, read in two queries for all."""
+    outputs = store.outputs_of([job.id for job in jobs])
+    return [job_out(job, *outputs[job.id]) for job in jobs]
 
 
 def job_out(

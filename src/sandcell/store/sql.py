@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Engine,
+    Select,
     and_,
     case,
     delete,
@@ -163,6 +164,15 @@ def _tenant_from_row(row: Any) -> Tenant:
     values = dict(row._mapping)
     values["quotas"] = values.get("quotas") or {}
     return Tenant(**values)
+
+
+def _artifacts_of(job_ids: list[str]) -> Select[Any]:
+    return select(artifacts).where(artifacts.c.job_id.in_(job_ids)).order_by(artifacts.c.path)
+
+
+def _stages_of(job_ids: list[str]) -> Select[Any]:
+    query = select(job_stages).where(job_stages.c.job_id.in_(job_ids))
+    return query.order_by(job_stages.c.committed_at)
 
 
 def _stage_from_row(row: Any) -> dict[str, Any]:
@@ -673,9 +683,8 @@ class SqlStore:
             return [LogChunk(seq=r.seq, stream=r.stream, data=r.data) for r in conn.execute(query)]
 
     def list_artifacts(self, job_id: str) -> list[Artifact]:
-        query = select(artifacts).where(artifacts.c.job_id == job_id).order_by(artifacts.c.path)
         with self._read() as conn:
-            return [_artifact_from_row(row) for row in conn.execute(query)]
+            return [_artifact_from_row(row) for row in conn.execute(_artifacts_of([job_id]))]
 
     def get_artifact(self, tenant_id: str | None, artifact_id: str) -> Artifact | None:
         query = select(artifacts).where(artifacts.c.id == artifact_id)
@@ -837,13 +846,8 @@ class SqlStore:
         return True
 
     def job_stages(self, job_id: str) -> list[dict[str, Any]]:
-        query = (
-            select(job_stages)
-            .where(job_stages.c.job_id == job_id)
-            .order_by(job_stages.c.committed_at)
-        )
         with self._read() as conn:
-            return [_stage_from_row(r) for r in conn.execute(query)]
+            return [_stage_from_row(row) for row in conn.execute(_stages_of([job_id]))]
 
     def outputs_of(
         self, job_ids: list[str]
@@ -853,16 +857,10 @@ class SqlStore:
         }
         if not job_ids:
             return found
-        made = select(artifacts).where(artifacts.c.job_id.in_(job_ids)).order_by(artifacts.c.path)
-        staged = (
-            select(job_stages)
-            .where(job_stages.c.job_id.in_(job_ids))
-            .order_by(job_stages.c.committed_at)
-        )
         with self._read() as conn:
-            for row in conn.execute(made):
+            for row in conn.execute(_artifacts_of(job_ids)):
                 found[row.job_id][0].append(_artifact_from_row(row))
-            for row in conn.execute(staged):
+            for row in conn.execute(_stages_of(job_ids)):
                 found[row.job_id][1].append(_stage_from_row(row))
         return found
 
