@@ -27,7 +27,7 @@ from bench import _http
 from bench._baselines import bare_python, summary, timed
 from bench._server import UNLIMITED, server, tenant_client
 from bench.pool import IMAGE_DIR, Sink, pooled_runtime, spec, wait_ready
-from sandcell.ports.runtime import SandboxSpec
+from sandcell.ports.runtime import SandboxResult, SandboxSpec
 from sandcell.remote.session_client import NODELAY, TOKEN_HEADER
 from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.images import FilesystemImageCatalog
@@ -63,22 +63,26 @@ def phase_clock(names: tuple[str, ...]) -> Iterator[dict[str, list[float]]]:
 
 
 class FirstOutput(Sink):
-    """A sink that notes when the job's first byte of output arrived."""
+    """A sink that notes when the job's first byte of output, and its result, arrived."""
 
     def __init__(self) -> None:
         super().__init__()
         self.first_at: float | None = None
+        self.result_at: float | None = None
 
     def output(self, stream: str, data: bytes) -> None:
         if self.first_at is None:
             self.first_at = time.perf_counter()
         super().output(stream, data)
 
+    def ended(self, result: SandboxResult) -> None:  # ports.runtime.EarlySink
+        self.result_at = time.perf_counter()
+
 
 def pooled_job_phases(runs: int) -> dict[str, Any]:
     images = FilesystemImageCatalog(IMAGE_DIR)
     job = spec(images.get("python"), b"print(1)", [])
-    totals, first_output = [], []
+    totals, first_output, result = [], [], []
     with tempfile.TemporaryDirectory(prefix="sandcell-bench-phases-", dir="/var/tmp") as tmp:
         base = GVisorRuntime(Path(tmp) / "state")
         base.check()
@@ -90,16 +94,18 @@ def pooled_job_phases(runs: int) -> dict[str, Any]:
                     time.sleep(0.5)  # the refill's boot settles; not what is measured
                     one = SandboxSpec(**{**job.__dict__, "sandbox_id": f"phases-{n}"})
                     sink, started = FirstOutput(), time.perf_counter()
-                    result = pooled.run(one, sink, threading.Event())
+                    ran = pooled.run(one, sink, threading.Event())
                     totals.append((time.perf_counter() - started) * 1000)
-                    assert result.pooled and sink.stdout == b"1\n", result
-                    assert sink.first_at is not None
+                    assert ran.pooled and sink.stdout == b"1\n", ran
+                    assert sink.first_at is not None and sink.result_at is not None
                     first_output.append((sink.first_at - started) * 1000)
+                    result.append((sink.result_at - started) * 1000)
         finally:
             pooled.close()
             base.reap()
     out = {f"{name.strip('_')}_ms": summary(samples) for name, samples in spent.items()}
     out["run_to_first_output_ms"] = summary(first_output)
+    out["run_to_result_ms"] = summary(result)  # the early result, before the release
     out["runtime_run_ms"] = summary(totals)
     return out
 

@@ -266,3 +266,22 @@ def test_a_stage_and_its_artifacts_are_recorded_together_or_not_at_all(
 def _same_id(job: Job) -> list[Artifact]:
     twin = _artifact(job, "e")
     return [twin, replace(twin, path="f")]
+
+
+def test_a_release_is_recorded_only_for_the_attempt_that_ended_the_job(
+    store: SqlStore,  # noqa: F811
+) -> None:
+    job = _claimed(store)
+    store.record_release(job.id, job.fencing_token, True, "")  # still running: nothing
+    ended = replace(job, state=JobState.COMPLETED, finished_at=time.time(), usage={"cpu_s": 1.0})
+    store.finish_job(replace(ended, usage=ended.usage | {"released": 0.0}), job.fencing_token)
+    store.record_release(job.id, job.fencing_token - 1, True, "")  # another attempt's
+    found = store.get_job(None, job.id)
+    assert found is not None and found.usage == {"cpu_s": 1.0, "released": 0.0}
+    store.record_release(job.id, job.fencing_token, False, "not released: cgroup")
+    found = store.get_job(None, job.id)
+    assert found is not None and found.detail == "not released: cgroup"
+    assert found.usage["released"] == 0.0
+    store.record_release(job.id, job.fencing_token, True, "")
+    found = store.get_job(None, job.id)
+    assert found is not None and found.usage == {"cpu_s": 1.0, "released": 1.0}

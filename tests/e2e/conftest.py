@@ -140,6 +140,18 @@ def run_job(server: Server, headers: dict[str, str], body: dict, timeout: float 
         return job
 
 
+def once_released(server: Server, headers: dict[str, str], job: dict, timeout: float = 10) -> dict:
+    """The terminal record once it says the sandbox's release was verified (`usage.released`
+    1): a pooled job that exits cleanly is reported a few ms before that."""
+    with httpx.Client(base_url=server.url, headers=headers) as http:
+        deadline = time.monotonic() + timeout
+        while job["usage"].get("released") != 1:
+            assert time.monotonic() < deadline, job
+            time.sleep(0.02)
+            job = http.get(f"/v1/jobs/{job['id']}").raise_for_status().json()
+        return job
+
+
 def host_processes_mentioning(text: str) -> list[str]:
     found = []
     for pid in os.listdir("/proc"):

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from tests import loopback_dns
-from tests.e2e.conftest import Server, host_processes_mentioning, run_job
+from tests.e2e.conftest import Server, host_processes_mentioning, once_released, run_job
 from tests.e2e.pool_metrics import pool_figure, wait_for_pool
 from tests.loopback_dns import LoopbackDns
 
@@ -84,10 +84,14 @@ REASONS = {
 @pytest.mark.parametrize("reason", list(REASONS))
 def test_each_limit_that_trips_gives_its_own_reason(server: Server, reason: str) -> None:
     body, limits = REASONS[reason]
-    job = run_job(server, server.tenant(f"reason-{reason}"), body | {"limits": limits})
+    tenant = server.tenant(f"reason-{reason}")
+    job = run_job(server, tenant, body | {"limits": limits})
     assert (job["state"], job["reason"]) == ("failed", reason), job
     if reason == "exit_code":
         assert job["exit_code"] == 7
+        job = once_released(server, tenant, job)  # reported before the release, if pooled
+    else:  # a limit's end is reported only once the sandbox is released
+        assert job["usage"]["released"] == 1, job
     assert job["attempts"][-1]["sandbox_id"] == job["sandbox_id"]
     assert host_processes_mentioning(job["sandbox_id"]) == []
 

@@ -9,7 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ import pytest
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
-from sandcell.ports.runtime import GUEST_CHANNEL_SOCKET, InputFile, SandboxSpec
+from sandcell.ports.runtime import GUEST_CHANNEL_SOCKET, InputFile, SandboxResult, SandboxSpec
 from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.runtime.pool import PoolConfig, WarmPool
@@ -68,14 +68,33 @@ def spec_for(image: Image, code: str, **limits: float) -> SandboxSpec:
     )
 
 
+@dataclass
+class EarlyRecordingSink(RecordingSink):
+    """Also takes the result early (ports.runtime.EarlySink), noting what it had by then."""
+
+    early: list[tuple[SandboxResult, dict[str, bytes], str, bool]] = field(default_factory=list)
+    warm_id: str = ""
+    runtime: GVisorRuntime | None = None
+
+    def ended(self, result: SandboxResult) -> None:
+        assert self.runtime is not None
+        unreleased = (self.runtime.sandboxes_dir / self.warm_id).exists()
+        self.early.append((replace(result), dict(self.files), self.stdout, unreleased))
+
+
 def run_pooled(
-    runtime: PooledRuntime, spec: SandboxSpec, expect_pooled: bool = True
-) -> tuple[object, RecordingSink]:
+    runtime: PooledRuntime,
+    spec: SandboxSpec,
+    expect_pooled: bool = True,
+    sink: RecordingSink | None = None,
+) -> tuple[SandboxResult, RecordingSink]:
     """Run `spec` once a warm sandbox is ready; check that the one it used is released."""
     name = spec.image.name
     assert wait_for(lambda: runtime.pool.ready_count(name) >= 1), "the pool never filled"
     [warm_id, *_] = runtime.pool.ready_ids(name)
-    sink = RecordingSink()
+    sink = sink or RecordingSink()
+    if isinstance(sink, EarlyRecordingSink):
+        sink.warm_id, sink.runtime = warm_id, runtime.base
     result = runtime.run(spec, sink, threading.Event())
     assert result.pooled is expect_pooled, result
     assert result.released, result.detail
@@ -177,6 +196,68 @@ def test_inputs_and_the_guest_channel_arrive_at_hand_over(
     assert heard == [b"hello host"]
 
 
+def test_what_python_writes_at_its_exit_reaches_the_outputs(
+    pooled: PooledRuntime, python_image: Image
+) -> None:
+    """A file left open in a global is flushed, and `__del__` runs, as at python's own exit."""
+    code = (
+        "import sys\n"
+        "kept = open('/output/global.txt', 'w'); kept.write('global')\n"
+        "class Holder: pass\n"
+        "class Loud:\n"
+        "    def __del__(self): print('bye', file=sys.stderr)\n"
+        "loud = Loud()\n"
+    )
+    result, sink = run_pooled(pooled, spec_for(python_image, code))
+    assert result.reason is None, sink.stderr  # type: ignore[attr-defined]
+    assert sink.files == {"global.txt": b"global"}
+    assert sink.stderr == "bye\n"
+
+
+@pytest.mark.parametrize(("code", "exit_code"), [("", 0), ("raise SystemExit(3)", 3)])
+def test_the_result_comes_before_the_sandbox_is_torn_down(
+    pooled: PooledRuntime, python_image: Image, code: str, exit_code: int
+) -> None:
+    code = "import mmap, sys\nprint('out')\nprint('err', file=sys.stderr)\n" + (
+        "f = open('/output/left-open.txt', 'w'); f.write('kept')\n"
+        "m = open('/output/mapped.bin', 'w+b'); m.truncate(6)\n"
+        "mapped = mmap.mmap(m.fileno(), 6); mapped[:] = b'mapped'\n" + code
+    )
+    sink = EarlyRecordingSink()
+    result, _ = run_pooled(pooled, spec_for(python_image, code), sink=sink)
+    [(early, files, stdout, unreleased)] = sink.early
+    assert unreleased  # reported before the release began
+    assert (early.exit_code, early.released, early.pooled) == (exit_code, False, True)
+    assert early.reason is (Reason.EXIT_CODE if exit_code else None)
+    # gVisor writes /output's files through to the host (shared mounts), mapped ones too.
+    assert files == {"left-open.txt": b"kept", "mapped.bin": b"mapped"} and stdout == "out\n"
+    assert (result.exit_code, result.reason, result.usage) == (
+        early.exit_code,
+        early.reason,
+        early.usage,
+    )
+    assert result.released and sink.stderr == "err\n"  # no exit line of the runner's
+
+
+def test_a_job_that_prints_the_exit_line_only_ends_itself_early(
+    pooled: PooledRuntime, python_image: Image
+) -> None:
+    """What follows the line is not delivered, and the sandbox is stopped, not waited for."""
+    code = (
+        "import sys, time\n"
+        "for out in (sys.stdout, sys.stderr):\n"
+        "    print('before\\x1esandcell-exit 0', file=out, flush=True)\n"
+        "print('after', flush=True); time.sleep(60)\n"
+    )
+    sink = EarlyRecordingSink()
+    started = time.monotonic()
+    result, _ = run_pooled(pooled, spec_for(python_image, code, timeout_s=120), sink=sink)
+    assert time.monotonic() - started < 20
+    assert result.reason is None and result.released
+    assert (sink.stdout, sink.stderr) == ("before", "before")
+    assert len(sink.early) == 1
+
+
 @pytest.mark.parametrize(
     ("code", "limits", "reason"),
     [
@@ -194,8 +275,10 @@ def test_limits_trip_with_the_right_reason_in_a_pooled_run(
     reason: str,
 ) -> None:
     started = time.monotonic()
-    result, sink = run_pooled(pooled, spec_for(python_image, code, **limits))
-    assert result.reason == Reason(reason), (result, sink.stderr)  # type: ignore[attr-defined]
+    sink = EarlyRecordingSink()
+    result, _ = run_pooled(pooled, spec_for(python_image, code, **limits), sink=sink)
+    assert result.reason == Reason(reason), (result, sink.stderr)
+    assert sink.early == []  # a limit's end is reported once the release is verified
     assert "survived" not in sink.stdout
     if reason == "timeout":  # counted from hand-over, not from the sandbox's boot
         assert sink.stdout == "sleeping\n" and time.monotonic() - started < 8

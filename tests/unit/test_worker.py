@@ -12,6 +12,7 @@ import pytest
 
 from sandcell.domain.errors import StaleLease
 from sandcell.domain.states import JobState
+from sandcell.ports.runtime import EarlySink, SandboxResult, SandboxSink, SandboxSpec
 from sandcell.services import files
 from sandcell.services import worker as worker_module
 from sandcell.services.worker import Worker, WorkerConfig
@@ -323,3 +324,50 @@ def test_an_internal_error_after_the_job_was_reclaimed_leaves_the_new_owner_alon
     worker._run_guarded(fresh)  # the owner's own internal error does end it
     record = api.http.get(f"/v1/jobs/{job_id}", headers=alice).json()
     assert (record["state"], record["reason"]) == ("failed", "internal")
+
+
+class EarlyEndingRuntime(HostProcessRuntime):
+    """Reports the result through the sink before its (slow, or failing) release, as a warm
+    gVisor sandbox does; notes the job's record as it stood during the release."""
+
+    def __init__(self, store: object, release_problem: str = "") -> None:
+        self.store, self.release_problem = store, release_problem
+        self.seen_during_release: list[object] = []
+
+    def run(self, spec: SandboxSpec, sink: SandboxSink, cancel: threading.Event) -> SandboxResult:
+        result = super().run(spec, sink, cancel)
+        early = replace(result, released=False, usage={"cpu_s": 0.01})
+        assert isinstance(sink, EarlySink)
+        sink.ended(early)
+        job_id = spec.sandbox_id.rsplit("-", 1)[0]
+        self.seen_during_release.append(self.store.get_job(None, job_id))  # type: ignore[attr-defined]
+        if self.release_problem:
+            return replace(early, released=False, detail=f"not released: {self.release_problem}")
+        return replace(early, released=True)
+
+
+@pytest.mark.parametrize("problem", ["", "cgroup left"])
+def test_a_job_is_settled_on_its_early_result_and_its_release_recorded_after(
+    api: Api, problem: str
+) -> None:
+    alice = api.tenant("alice")
+    job = api.http.post(
+        "/v1/jobs",
+        json={"code": "open('/output/a.txt','w').write('hi'); print('ok')"},
+        headers=alice,
+    ).json()
+    runtime = EarlyEndingRuntime(api.services.store, problem)
+    config = WorkerConfig("wrk_test", slots=1, lease_s=5, heartbeat_s=0.1, poll_s=0.01)
+    worker = Worker(api.services.store, api.blobs, runtime, FakeImages("python"), config)
+    claimed = api.services.store.claim_next("wrk_test", time.time(), 5)
+    assert claimed is not None
+    worker.run_job(claimed)
+    [during] = runtime.seen_during_release
+    assert during.state is JobState.COMPLETED and during.usage["released"] == 0.0
+    record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()
+    assert record["state"] == "completed" and [o["path"] for o in record["outputs"]] == ["a.txt"]
+    assert api.http.get(f"/v1/jobs/{job['id']}/logs", headers=alice).json()["stdout"] == "ok\n"
+    if problem:
+        assert record["usage"]["released"] == 0.0 and record["detail"] == f"not released: {problem}"
+    else:
+        assert record["usage"] == {"cpu_s": 0.01, "released": 1.0}

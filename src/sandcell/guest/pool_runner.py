@@ -13,7 +13,13 @@ and blocks reading one line from stdin: the job, {"argv": [...], "env": {...}, "
 By then the host has put the code at /job/main.py and the inputs under /input. The runner
 turns itself into what `python /job/main.py` would have been (environment, cwd, argv,
 sys.path, stdin at EOF), prints the ready line the runtime times the job from, and runs the
-code as `__main__` in this same process. The sandbox is destroyed after this one job.
+code as `__main__` in this same process. When the code is done, the runner ends as python's
+exit would, then prints one last line on each of stdout and stderr,
+
+    \x1esandcell-exit STATUS\n
+
+so the host can report the job's end without waiting for gVisor to tear the sandbox down. The
+sandbox is destroyed after this one job.
 
 Before the job, stdout and stderr go to /dev/null: nothing the imports say becomes the job's.
 """
@@ -21,6 +27,7 @@ Before the job, stdout and stderr go to /dev/null: nothing the imports say becom
 import atexit
 import builtins
 import contextlib
+import gc
 import importlib
 import importlib.machinery
 import io
@@ -33,6 +40,7 @@ from typing import Any, NoReturn
 
 WARM_MARKER = b"\x1esandcell-warm "
 READY_MARKER = b"\x1esandcell-ready\n"  # the same line the bundle's shell wrapper prints
+EXIT_MARKER = b"\x1esandcell-exit %d\n"
 MAIN = "/job/main.py"
 MAX_JOB_LINE = 1 << 20
 RUNNER_MODULES = ("sandcell", "sandcell.pool_runner")
@@ -139,24 +147,51 @@ def exit_status(exc: SystemExit) -> int:
     return 1
 
 
-def finish(status: int) -> NoReturn:
+def finish(status: int, job_modules: list[str]) -> NoReturn:
     """End as python's own exit would, short of tearing the interpreter down.
 
-    The sandbox is destroyed right after, so module teardown and the final collection (about
-    0.1 s with pandas and matplotlib imported) would only delay the job's end. What a program
-    can observe still happens: non-daemon threads are joined, atexit handlers run, and the
-    standard streams are flushed (a failed flush is python's status 120).
+    The sandbox is destroyed right after, so tearing down pandas and matplotlib (about 0.1 s)
+    would only delay the job's end. What a program can observe still happens: non-daemon
+    threads are joined, atexit handlers run, the standard streams are flushed (a failed flush
+    is python's status 120), and the job's own modules are freed as python frees them, so a
+    file left open in a global is flushed and closed and a `__del__` runs.
     """
     threading = sys.modules.get("threading")
     if threading is not None:
         threading._shutdown()  # what Py_FinalizeEx calls first
     atexit._run_exitfuncs()
+    status = flush_std(status)
+    flush_open_files()
+    for name in job_modules:
+        sys.modules.pop(name, None)
+    gc.collect()  # frees them as python's exit does, `__del__` and all
+    status = flush_std(status)
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            os.write(fd, EXIT_MARKER % status)
+    os._exit(status)
+
+
+def flush_open_files() -> None:
+    """Flush what the job left open. Python's exit flushes a file freed with its module, but
+    one freed by the collector may lose its text layer's buffer; flushing first loses none.
+    The runner's own objects are frozen (gc.freeze), so only the job's are looked at."""
+    objects = gc.get_objects()
+    for layer in (io.TextIOBase, io.BufferedIOBase):
+        for obj in objects:
+            if isinstance(obj, layer):
+                with contextlib.suppress(Exception):
+                    if not obj.closed:
+                        obj.flush()
+
+
+def flush_std(status: int) -> int:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             status = status or 120
-    os._exit(status)
+    return status
 
 
 def main() -> None:
@@ -167,6 +202,7 @@ def main() -> None:
         os.dup2(devnull, fd)
     failed = preload(sys.argv[1:])
     warm_up()
+    gc.freeze()  # what the runner imported is never garbage: the job's collections skip it
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()  # whatever the imports printed goes to /dev/null, not to the job
@@ -180,9 +216,11 @@ def main() -> None:
     os.dup2(devnull, 0)  # the job's stdin is at EOF, as in a cold sandbox
     os.close(devnull)
     become(job, base_path)
+    before = set(sys.modules)
     os.write(1, READY_MARKER)
+    status = 0
     try:
         run_main()
     except SystemExit as exc:
-        finish(exit_status(exc))
-    finish(0)
+        status = exit_status(exc)
+    finish(status, ["__main__", *(name for name in sys.modules if name not in before)])

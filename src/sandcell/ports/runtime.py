@@ -74,6 +74,21 @@ class PlacedSink(Protocol):
         """The program will run in `sandbox_id`; called before `ready`."""
 
 
+@runtime_checkable
+class EarlySink(Protocol):
+    """A sink that takes the program's result before the sandbox is released.
+
+    A warm sandbox's runner says when the job's code is done (see runtime/streams.py); gVisor's
+    own teardown and the verified release then take another ~20 ms, which the job's caller
+    need not wait for. `ended` is called at most once, from `run`'s own thread, with a final
+    result (outputs collected, `released` False); `run` still releases everything before it
+    returns, and returns that same result with `released` set. Only an exit within every
+    limit (reason None or exit_code) is reported early: a limit's end waits for the release.
+    """
+
+    def ended(self, result: "SandboxResult") -> None: ...
+
+
 @dataclass
 class SandboxResult:
     exit_code: int | None

@@ -76,6 +76,11 @@ class Store(Protocol):
     def finish_job(self, job: Job, token: int) -> None:
         """Write the terminal fields of `job`; raise StaleLease if `token` is not current."""
 
+    def record_release(self, job_id: str, token: int, released: bool, detail: str) -> None:
+        """After a job ended before its sandbox was released (ports.runtime.EarlySink): mark
+        the release verified (`usage.released` 1), or else set the detail that says what was
+        left. Only for the attempt `token` ended; a no-op otherwise."""
+
     def fail_lost_jobs(self, now: float) -> list[str]:
         """Jobs whose lease expired become failed/worker_lost; return their ids."""
 

@@ -27,10 +27,11 @@ class OneShotRun(ABC):
     proc: subprocess.Popen[bytes] | None
     streams: Streams | None
     launched_at: float
+    started: float
     usage: dict[str, float]
 
     def execute(self) -> SandboxResult:
-        started = time.monotonic()
+        self.started = time.monotonic()
         try:
             result = self._run()
         finally:
@@ -38,7 +39,8 @@ class OneShotRun(ABC):
         result.released = not problems
         if problems:
             result.detail = "; ".join([result.detail, "not released: " + ", ".join(problems)])
-        result.usage = self.usage | {"wall_s": round(time.monotonic() - started, 3)}
+        if not result.usage:  # else it was reported early, usage and all: keep it the same
+            result.usage = self._usage_now()
         if self.streams is not None and self.streams.error is not None:
             raise self.streams.error  # the sink's own failure is the caller's to handle
         return result
@@ -50,10 +52,21 @@ class OneShotRun(ABC):
         except (OSError, ScratchError, ValueError, RuntimeUnavailable) as exc:
             return SandboxResult(None, Reason.RUNTIME_ERROR, f"cannot start the sandbox: {exc}")
         self._watch(streams)
+        early = self._early_result(streams)
         exit_code = self._wait_exit(streams)
+        if early is not None:
+            return early
         result = self._decide(streams, exit_code)
         self._collect(streams)
         return result
+
+    def _early_result(self, streams: Streams) -> SandboxResult | None:
+        """A run that knows its program's end before the sandbox exits reports it here (and
+        returns it); see ports.runtime.EarlySink."""
+        return None
+
+    def _usage_now(self) -> dict[str, float]:
+        return self.usage | {"wall_s": round(time.monotonic() - self.started, 3)}
 
     def _wait_exit(self, streams: Streams) -> int:
         assert self.proc is not None
@@ -65,12 +78,15 @@ class OneShotRun(ABC):
         if not streams.join(EXIT_WAIT_S):  # a process of the sandbox still holds a pipe open
             self._force_kill()
             streams.join(EXIT_WAIT_S)
+        self._take_usage(streams)
+        code = self.proc.returncode
+        return 128 - code if code < 0 else code  # the launcher killed by signal n: 128+n
+
+    def _take_usage(self, streams: Streams) -> None:
         self.usage.update(self.cgroup.usage())
         self.usage["output_bytes"] = streams.budget.used
         if streams.ready_at is not None:
             self.usage["start_s"] = round(streams.ready_at - self.launched_at, 3)
-        code = self.proc.returncode
-        return 128 - code if code < 0 else code  # the launcher killed by signal n: 128+n
 
     def _collect(self, streams: Streams) -> None:
         if streams.error is not None or not self.scratch.is_mounted():

@@ -153,9 +153,20 @@ class SandboxRun(OneShotRun):
                 self.kill_reason = reason
                 self._kill()
                 return
-            # Not a plain sleep: the exit is seen at once, not up to a tick late.
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(TICK_S)
+            if self._program_done(streams):
+                return
+            self._tick(streams)
+
+    def _program_done(self, streams: Streams) -> bool:
+        """Whether the program has ended while its sandbox still runs (a warm one's runner
+        says so); here only the exit tells."""
+        return False
+
+    def _tick(self, streams: Streams) -> None:
+        assert self.proc is not None
+        # Not a plain sleep: the exit is seen at once, not up to a tick late.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(TICK_S)
 
     def _limit_crossed(self, streams: Streams) -> Reason | None:
         if self.cancel.is_set():

@@ -3,9 +3,16 @@
 Both pipes are read in their own thread with `os.read`, so a chunk reaches the sink as soon as
 the guest writes it. Until the ready line arrives on stdout, whatever runsc itself prints is
 not the tenant's output: it is kept (bounded) for the error detail instead.
+
+A pooled sandbox's runner ends each pipe with an exit line (`\x1esandcell-exit STATUS\n`, see
+guest/pool_runner.py) once the job's code is done: with `exit_lines`, each pump cuts its pipe
+there and records the status, so the host knows the job's end before gVisor's own teardown.
+Whatever follows an exit line is not delivered. A program that prints such a line itself only
+ends its own output early, with a status it could have exited with anyway.
 """
 
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -16,6 +23,8 @@ from sandcell.runtime.bundle import READY_MARKER
 
 CHUNK = 64 * 1024
 EARLY_BYTES = 16 * 1024  # how much pre-ready text (runsc's complaints) is kept for the detail
+EXIT_PREFIX = b"\x1esandcell-exit "
+EXIT_LINE = re.compile(rb"\x1esandcell-exit (\d{1,3})\n")
 
 
 class OutputBudget:
@@ -47,13 +56,25 @@ class OutputBudget:
 
 
 class Streams:
-    def __init__(self, stdout: IO[bytes], stderr: IO[bytes], sink: SandboxSink, cap: int) -> None:
+    def __init__(
+        self,
+        stdout: IO[bytes],
+        stderr: IO[bytes],
+        sink: SandboxSink,
+        cap: int,
+        exit_lines: bool = False,
+    ) -> None:
         self.sink = sink
         self.budget = OutputBudget(sink, cap)
         self.ready_at: float | None = None  # monotonic time the ready line arrived
         self.decided = threading.Event()  # ready, or stdout ended (or lied) without it
         self.early = bytearray()
         self.error: BaseException | None = None  # the first exception the sink raised
+        # Per pipe, the status of its exit line once seen (only with `exit_lines`).
+        self._exit_lines = {"stdout": ExitLine(), "stderr": ExitLine()} if exit_lines else None
+        self._ended_pipes: set[str] = set()  # reached their exit line, or EOF
+        self._ended_lock = threading.Lock()
+        self.ended = threading.Event()  # both have: the program is done, or gone
         self._threads = [
             threading.Thread(target=self._pump_stdout, args=(stdout,), daemon=True),
             threading.Thread(target=self._pump_stderr, args=(stderr,), daemon=True),
@@ -62,6 +83,14 @@ class Streams:
     @property
     def ready(self) -> bool:
         return self.ready_at is not None
+
+    @property
+    def exit_status(self) -> int | None:
+        """The status both exit lines gave, once both pipes have delivered theirs."""
+        if self._exit_lines is None:
+            return None
+        out, err = self._exit_lines["stdout"].status, self._exit_lines["stderr"].status
+        return out if out is not None and out == err else None
 
     def start(self) -> None:
         for thread in self._threads:
@@ -90,10 +119,11 @@ class Streams:
                     break
                 if head.startswith(READY_MARKER):
                     self._mark_ready()
-                    self._deliver("stdout", head[len(READY_MARKER) :])
+                    self._pipe_data("stdout", head[len(READY_MARKER) :])
             self._drain(fd, "stdout" if self.ready else None)
         finally:
             self.decided.set()
+            self._pipe_ended("stdout")
             pipe.close()
 
     def _pump_stderr(self, pipe: IO[bytes]) -> None:
@@ -102,10 +132,12 @@ class Streams:
             while chunk := os.read(fd, CHUNK):
                 self.decided.wait()  # stdout tells whether this is the guest's or runsc's
                 if self.ready:
-                    self._deliver("stderr", chunk)
+                    self._pipe_data("stderr", chunk)
                 else:
                     self._keep_early(chunk)
+            self._pipe_data("stderr", b"", eof=True)
         finally:
+            self._pipe_ended("stderr")
             pipe.close()
 
     def _mark_ready(self) -> None:
@@ -116,7 +148,26 @@ class Streams:
     def _drain(self, fd: int, stream: str | None) -> None:
         while chunk := os.read(fd, CHUNK):
             if stream:
-                self._deliver(stream, chunk)
+                self._pipe_data(stream, chunk)
+        if stream:
+            self._pipe_data(stream, b"", eof=True)
+
+    def _pipe_data(self, stream: str, data: bytes, eof: bool = False) -> None:
+        """The program's bytes from one pipe; up to its exit line, if this run has them."""
+        if self._exit_lines is None:
+            self._deliver(stream, data)
+            return
+        line = self._exit_lines[stream]
+        was_open = line.status is None
+        self._deliver(stream, line.feed(data, eof))
+        if was_open and line.status is not None:
+            self._pipe_ended(stream)  # the rest of this pipe is not the program's
+
+    def _pipe_ended(self, stream: str) -> None:
+        with self._ended_lock:
+            self._ended_pipes.add(stream)
+            if len(self._ended_pipes) == 2:
+                self.ended.set()
 
     def _deliver(self, stream: str, data: bytes) -> None:
         if data and self.error is None:
@@ -133,3 +184,33 @@ class Streams:
         room = EARLY_BYTES - len(self.early)
         if room > 0:
             self.early += data[:room]
+
+
+class ExitLine:
+    """Finds the runner's exit line in one pipe; holds back a tail that may be its start."""
+
+    def __init__(self) -> None:
+        self.status: int | None = None
+        self._held = b""
+
+    def feed(self, data: bytes, eof: bool = False) -> bytes:
+        """What of `data` (after what was held back) is the program's to deliver now."""
+        if self.status is not None:
+            return b""
+        data, self._held = self._held + data, b""
+        found = EXIT_LINE.search(data)
+        if found:
+            self.status = int(found.group(1))
+            return data[: found.start()]
+        if eof:
+            return data
+        start = data.rfind(EXIT_PREFIX[:1], max(0, len(data) - len(EXIT_PREFIX) - 4))
+        if start >= 0 and _could_become_exit_line(data[start:]):
+            data, self._held = data[:start], data[start:]
+        return data
+
+
+def _could_become_exit_line(tail: bytes) -> bool:
+    if len(tail) <= len(EXIT_PREFIX):
+        return EXIT_PREFIX.startswith(tail)
+    return tail.startswith(EXIT_PREFIX) and tail[len(EXIT_PREFIX) :].isdigit()

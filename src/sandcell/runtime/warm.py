@@ -30,7 +30,14 @@ from typing import Any
 from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
-from sandcell.ports.runtime import GUEST_CHANNEL_SOCKET, SandboxSink, SandboxSpec
+from sandcell.domain.states import Reason
+from sandcell.ports.runtime import (
+    GUEST_CHANNEL_SOCKET,
+    EarlySink,
+    SandboxResult,
+    SandboxSink,
+    SandboxSpec,
+)
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.runtime.bundle import check_env, oci_config, require_mount_points, write_config
 from sandcell.runtime.cgroups import SandboxCgroup
@@ -41,6 +48,7 @@ from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import (
     JOIN_CGROUPS,
     RUNSC_ENV,
+    TICK_S,
     SandboxRun,
     boot_cpus,
     cgroup_limits,
@@ -259,15 +267,44 @@ class PooledRun(SandboxRun):
         proc.stdin.write(json.dumps(job).encode() + b"\n")
         proc.stdin.close()  # flushes; BrokenPipeError (an OSError) if the runner is gone
         cap = int(self.limits.output_mb * MiB)
-        self.streams = Streams(proc.stdout, proc.stderr, self.sink, cap)
+        self.streams = Streams(proc.stdout, proc.stderr, self.sink, cap, exit_lines=True)
         self.streams.start()
         return self.streams
 
-    def _wait_exit(self, streams: Streams) -> int:
-        code = super()._wait_exit(streams)
+    def _program_done(self, streams: Streams) -> bool:
+        return streams.exit_status is not None
+
+    def _tick(self, streams: Streams) -> None:
+        if streams.ended.is_set():  # both pipes closed without exit lines: only the exit tells
+            super()._tick(streams)
+        else:
+            streams.ended.wait(TICK_S)  # the runner's exit lines end the wait at once
+
+    def _early_result(self, streams: Streams) -> SandboxResult | None:
+        """The job's end as the runner's exit lines tell it, reported before gVisor's teardown.
+
+        Decided as after the exit (every limit's counter can be read while the sandbox lives,
+        and the runner synced the job's files before its exit lines); only a clean end is
+        reported early, so a limit's reason is still recorded with the release verified.
+        """
+        status = streams.exit_status
+        if status is None or self.kill_reason is not None or not isinstance(self.sink, EarlySink):
+            return None
+        result = self._decide(streams, status)
+        if result.reason not in (None, Reason.EXIT_CODE):
+            return None
+        self._take_usage(streams)
+        self._collect(streams)
+        if streams.error is not None:
+            return None  # the sink failed while collecting: the ordinary end reports it
+        result.usage, result.pooled = self._usage_now(), True
+        self.sink.ended(result)
+        return result
+
+    def _take_usage(self, streams: Streams) -> None:
+        super()._take_usage(streams)
         if "cpu_s" in self.usage:  # the job's CPU, not the boot's and the imports'
             self.usage["cpu_s"] = round(max(0.0, self.usage["cpu_s"] - self.cpu_before), 6)
-        return code
 
 
 def fit_to_job(warm: WarmSandbox, limits: Limits, overhead_mb: int) -> None:

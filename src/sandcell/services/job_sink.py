@@ -20,6 +20,7 @@ from sandcell.domain.paths import safe_relative_path
 from sandcell.domain.records import Artifact, Job
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.notify import JOB_LOGS, Notifier
+from sandcell.ports.runtime import SandboxResult
 from sandcell.ports.store import Store
 from sandcell.services.patience import patiently
 
@@ -50,6 +51,8 @@ class JobSink:
         # A repeat after a lost answer can at worst duplicate a log chunk or an artifact row.
         self.patience_s = patience_s
         self.started_at: float | None = None
+        # Who settles the job on an early result; None: the runtime's return settles it.
+        self.on_ended: Callable[[SandboxResult], None] | None = None
         self.skipped_outputs = 0
         self._staged_files: set[tuple[str, str]] | None = None
         self._outputs: list[Artifact] = []  # stored, not yet recorded (publish_outputs)
@@ -76,6 +79,11 @@ class JobSink:
 
     def placed(self, sandbox_id: str) -> None:
         self.sandbox_id = sandbox_id
+
+    def ended(self, result: SandboxResult) -> None:
+        """The program's result, before its sandbox is released (ports.runtime.EarlySink)."""
+        if self.on_ended is not None:
+            self.on_ended(result)
 
     def ready(self) -> None:
         if self.abandoned.is_set():

@@ -302,7 +302,9 @@ class Worker:
                 spec = replace(spec, egress=session.attachment, env=spec.env | session.env())
             if chan is not None:
                 spec = replace(spec, guest_channel=chan.directory)
-            outcome = self._supervised(job, token, spec)
+            outcome = self._supervised(job, token, spec, recorder)
+        if outcome is None:
+            return  # settled on the program's early result, and its release recorded since
         job.egress = session.events() if session is not None else []
         self._settle(job, token, outcome, recorder.storage_full)
 
@@ -320,8 +322,14 @@ class Worker:
             restore_outputs=self._restored(job) if stages else [],
         )
 
-    def _supervised(self, job: Job, token: int, spec: SandboxSpec) -> tuple[SandboxResult, JobSink]:
-        """Run the sandbox with a heartbeat that renews the lease and relays cancel requests."""
+    def _supervised(
+        self, job: Job, token: int, spec: SandboxSpec, recorder: StageRecorder
+    ) -> tuple[SandboxResult, JobSink] | None:
+        """Run the sandbox with a heartbeat that renews the lease and relays cancel requests.
+
+        None: the job was settled as soon as its program ended (a warm sandbox's runner says
+        when), while the sandbox was still being released; the release is recorded after.
+        """
         sink = JobSink(
             self.store,
             self.blobs,
@@ -339,13 +347,28 @@ class Worker:
             target=self._heartbeat, args=(job, token, cancel, lost), daemon=True
         )
         beat.start()
+
+        def stop_beat() -> None:
+            cancel.set()
+            beat.join()
+
+        early = EarlyEnd(
+            lambda result: self._end_early(job, token, sink, result, stop_beat, recorder)
+        )
+        if spec.egress is None:  # else the proxy's events, known after the run, go in the record
+            sink.on_ended = early
         try:
             result = self._run_sandbox(spec, sink, cancel)
         finally:
-            cancel.set()
-            beat.join()
+            stop_beat()
             with self._lock:
                 self._cancels.pop(job.id, None)
+        if early.error is not None:
+            raise early.error
+        if early.settled:
+            verified, detail = result.released, result.detail
+            self._patiently(lambda: self.store.record_release(job.id, token, verified, detail))
+            return None
         if lost.is_set():
             sink.discard_outputs()
             released = "released" if result.released else "NOT verified released"
@@ -358,6 +381,25 @@ class Worker:
             raise StaleLease("the store was unreachable while the job ran")
         sink.flush()
         return result, sink
+
+    def _end_early(
+        self,
+        job: Job,
+        token: int,
+        sink: JobSink,
+        result: SandboxResult,
+        stop_beat: Callable[[], None],
+        recorder: StageRecorder,
+    ) -> bool:
+        """Settle the job on its program's result while the sandbox is still being released;
+        False if the attempt cannot be settled (its lease or the store was lost)."""
+        stop_beat()  # the job ends now: its lease is not renewed, nor a cancel relayed
+        if sink.abandoned.is_set() or sink.store_lost.is_set():
+            return False  # _supervised gives the attempt up once the release is done
+        sink.flush()
+        job.egress = []
+        self._settle(job, token, (result, sink), recorder.storage_full)
+        return True
 
     def _settle(
         self,
@@ -520,6 +562,25 @@ class Worker:
             "reason": job.reason.value if job.reason else None,
             "sandbox_id": job.sandbox_id,  # which sandbox ran it: pooled or `<job>-<token>`
         }
+
+
+class EarlyEnd:
+    """The job sink's `on_ended`: settles the job once, keeping what went wrong for later.
+
+    It runs inside the runtime's `run`, whose caller must see the error only once the sandbox
+    is released (and not as the sandbox's own failure).
+    """
+
+    def __init__(self, settle: Callable[[SandboxResult], bool]) -> None:
+        self.settle = settle
+        self.settled = False
+        self.error: BaseException | None = None
+
+    def __call__(self, result: SandboxResult) -> None:
+        try:
+            self.settled = self.settle(result)
+        except BaseException as exc:  # re-raised by _supervised after the release
+            self.error = exc
 
 
 def image_ca_bundle(image: Image) -> Path:

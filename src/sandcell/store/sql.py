@@ -627,6 +627,21 @@ class SqlStore:
         if result.rowcount != 1:
             raise StaleLease()
 
+    def record_release(self, job_id: str, token: int, released: bool, detail: str) -> None:
+        ended = and_(
+            jobs.c.id == job_id,
+            jobs.c.fencing_token == token,
+            jobs.c.state.in_([s.value for s in JobState if s.is_terminal]),
+        )
+        with self._tx() as conn:
+            row = conn.execute(select(jobs.c.usage).where(ended).with_for_update()).first()
+            if row is None:
+                return
+            values: dict[str, Any] = {"usage": {**row.usage, "released": float(released)}}
+            if not released:
+                values["detail"] = detail
+            conn.execute(update(jobs).where(ended).values(**values))
+
     def fail_lost_jobs(self, now: float) -> list[str]:
         """Settle jobs whose lease ran out: re-queue those with attempts left, fail the rest."""
         lost = and_(jobs.c.state == JobState.RUNNING.value, jobs.c.lease_expires_at < now)
