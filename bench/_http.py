@@ -25,8 +25,9 @@ print(len(df), round(totals.sum(), 2))
 
 
 def run_job(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
-    """Submit, then one long poll (`?wait=30`) until the job is terminal; the final record."""
-    job: dict[str, Any] = http.post("/v1/jobs", json=body).raise_for_status().json()
+    """Submit and wait in one request (`POST /v1/jobs?wait=30`), long-polling on if need be."""
+    answer = http.post("/v1/jobs", json=body, params={"wait": 30}).raise_for_status()
+    job: dict[str, Any] = answer.json()
     while job["state"] not in TERMINAL:
         job = http.get(f"/v1/jobs/{job['id']}", params={"wait": 30}).raise_for_status().json()
     return job

@@ -34,7 +34,16 @@ from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.runtime.sandbox import SandboxRun
 from sandcell.runtime.warm import PooledRun
 
-PHASES = ("_prepare", "_launch", "_watch", "_release")
+PHASES = (
+    "_prepare",
+    "_launch",
+    "_watch",
+    "_early_result",
+    "_decide",
+    "_take_usage",
+    "_collect",
+    "_release",
+)
 
 
 @contextmanager

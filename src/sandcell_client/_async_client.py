@@ -153,10 +153,15 @@ class AsyncClient(BaseClient):
     async def delete_file(self, file_id: str) -> None:
         await self._send(calls.delete_file(file_id))
 
-    async def submit(self, body: dict[str, Any], idempotency_key: str | None = None) -> Job:
+    async def submit(
+        self, body: dict[str, Any], idempotency_key: str | None = None, wait: float = 0
+    ) -> Job:
         """Submit a job body as the API takes it. The Idempotency-Key defaults to a fresh one;
-        every retry of this call sends the same key, so it never makes a second job."""
-        return await self._send(calls.submit(body, idempotency_key or new_idempotency_key()))
+        every retry of this call sends the same key, so it never makes a second job. With
+        `wait` (seconds, at most 60), the record comes back once the job is terminal, in the
+        same request, or as it is when `wait` runs out."""
+        key = idempotency_key or new_idempotency_key()
+        return await self._send(calls.submit(body, key, wait))
 
     async def run(
         self,

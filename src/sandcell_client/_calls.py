@@ -57,10 +57,22 @@ def delete_file(file_id: str) -> Call[None]:
     return Call("DELETE", f"/v1/files/{_id(file_id)}", nothing, idempotent=True)
 
 
-def submit(body: dict[str, Any], idempotency_key: str) -> Call[Job]:
-    """With its Idempotency-Key a resent submit is the same job, never a second one."""
+def submit(body: dict[str, Any], idempotency_key: str, wait: float = 0) -> Call[Job]:
+    """With its Idempotency-Key a resent submit is the same job, never a second one. With
+    `wait`, the answer comes once the job is terminal (or `wait` runs out)."""
     headers = {"Idempotency-Key": idempotency_key}
-    return Call("POST", "/v1/jobs", model(Job), json=body, headers=headers, idempotent=True)
+    params = {"wait": min(wait, 60)} if wait else None
+    timeout = wait + LONG_POLL_S if wait else None
+    return Call(
+        "POST",
+        "/v1/jobs",
+        model(Job),
+        params,
+        json=body,
+        headers=headers,
+        timeout=timeout,
+        idempotent=True,
+    )
 
 
 def get_job(job_id: str, wait: float = 0) -> Call[Job]:

@@ -175,6 +175,21 @@ def test_submit_is_idempotent_and_errors_are_typed(api: Api) -> None:
         admin.jobs()
 
 
+def test_submit_can_wait_for_the_result_in_both_clients(api: Api, worker: None) -> None:
+    key = _key(api, "sdk-wait")
+    client, transport = _sync(api, key)
+    job = client.submit({"code": "print(1)"}, wait=30)
+    assert job.state == "completed" and job.terminal
+    [sent] = [r for r in transport.sent if r.url.path == "/v1/jobs"]
+    assert sent.url.params["wait"] == "30"  # one request: no long poll after it
+
+    async def main() -> Any:
+        async with _async(api, key) as aclient:
+            return await aclient.submit({"code": "print(2)"}, wait=30)
+
+    assert anyio.run(main).state == "completed"
+
+
 def test_admin_secrets_and_health_through_the_sdk(api: Api) -> None:
     admin, _ = _sync(api, ADMIN_KEY)
     tenant = admin.create_tenant("sdk-admin")

@@ -204,6 +204,22 @@ def test_long_poll_answers_when_the_job_ends(api: Api) -> None:
     assert record["state"] == "completed" and time.monotonic() - started < 5
 
 
+def test_submit_can_wait_for_the_end_in_the_same_request(api: Api) -> None:
+    alice = api.tenant("alice")
+    threading.Timer(0.3, _run_all, args=(api,)).start()
+    started = time.monotonic()
+    body, key = {"code": "print(1)"}, {"Idempotency-Key": "one-request"}
+    answer = api.http.post("/v1/jobs", json=body, params={"wait": 10}, headers=alice | key)
+    assert answer.status_code == 202 and answer.json()["state"] == "completed", answer.text
+    assert time.monotonic() - started < 5
+    again = api.http.post("/v1/jobs", json=body, params={"wait": 10}, headers=alice | key)
+    assert again.status_code == 200 and again.json()["id"] == answer.json()["id"]
+    pending = api.http.post("/v1/jobs", json=body, params={"wait": 0.2}, headers=alice)
+    assert pending.status_code == 202 and pending.json()["state"] == "accepted"  # wait ran out
+    refused = api.http.post("/v1/jobs", json=body, params={"wait": -1}, headers=alice)
+    assert refused.status_code == 422 and refused.json()["errors"][0]["field"] == "wait"
+
+
 def test_logs_stream_as_server_sent_events_and_end_with_the_state(api: Api) -> None:
     alice = api.tenant("alice")
     code = (

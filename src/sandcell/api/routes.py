@@ -94,7 +94,7 @@ def delete_file(svc: Svc, who: Caller, file_id: str) -> Response:
         **problem_responses(404, 429),
     },
 )
-def submit_job(
+async def submit_job(
     svc: Svc,
     who: Caller,
     body: JobIn,
@@ -104,21 +104,30 @@ def submit_job(
         str | None,
         Header(alias="Idempotency-Key", min_length=1, max_length=255, pattern=r"^[\x20-\x7e]+$"),
     ] = None,
+    wait: Annotated[
+        float,
+        Query(ge=0, le=MAX_WAIT_S, description="seconds to wait for the end before answering"),
+    ] = 0,
 ) -> JobOut:
-    with request.app.state.ack_histogram.time():
-        return _submit(svc, who, body, response, idempotency_key)
+    """Accept a job (202; 200 for an Idempotency-Key replay). With `wait`, the answer comes
+    once the job is terminal (or `wait` runs out): submit and result in one request."""
+    with request.app.state.ack_histogram.time():  # the acknowledgement, not the wait
+        job = await to_thread.run_sync(_submit, svc, who, body, response, idempotency_key)
+    if wait and not job.state.is_terminal:
+        job = await _until_terminal(svc, who, job, wait)
+    return await to_thread.run_sync(_job_out, svc, job)
 
 
 def _submit(
     svc: Svc, who: Caller, body: JobIn, response: Response, idempotency_key: str | None
-) -> JobOut:
+) -> Job:
     fingerprint = body_fingerprint(body.model_dump(mode="json"))
     key = (idempotency_key, fingerprint) if idempotency_key is not None else None
     job, created = svc.jobs.submit(who, _submission(body), key)
     if not created:
         response.status_code = 200
     response.headers["Location"] = f"/v1/jobs/{job.id}"
-    return _job_out(svc, job)
+    return job
 
 
 @router.get("/jobs", response_model=JobPage, tags=["jobs"])
