@@ -37,7 +37,8 @@ def _renew(s: SqlStore, job: Job, token: int) -> None:
 
 
 def _finish(s: SqlStore, job: Job, token: int) -> None:
-    s.finish_job(replace(job, state=JobState.COMPLETED, finished_at=time.time()), token)
+    ended = replace(job, state=JobState.COMPLETED, finished_at=time.time())
+    s.finish_job(ended, token, [("stdout", b"last")], [_artifact(job)])
 
 
 Write = Callable[[SqlStore, Job, int], object]
@@ -285,3 +286,15 @@ def test_a_release_is_recorded_only_for_the_attempt_that_ended_the_job(
     store.record_release(job.id, job.fencing_token, True, "")
     found = store.get_job(None, job.id)
     assert found is not None and found.usage == {"cpu_s": 1.0, "released": 1.0}
+
+
+def test_a_jobs_end_writes_its_last_logs_and_outputs_with_it(
+    store: SqlStore,  # noqa: F811
+) -> None:
+    job = _claimed(store)
+    store.append_log(job.id, job.fencing_token, "stdout", b"first ")
+    _finish(store, job, job.fencing_token)
+    found = store.get_job(None, job.id)
+    assert found is not None and found.state is JobState.COMPLETED
+    assert [(c.seq, c.data) for c in store.read_logs(job.id, -1)] == [(0, b"first "), (1, b"last")]
+    assert [a.path for a in store.list_artifacts(job.id)] == ["clean.csv"]

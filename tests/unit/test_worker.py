@@ -387,3 +387,21 @@ def test_a_job_is_settled_on_its_early_result_and_its_release_recorded_after(
         assert record["usage"]["released"] == 0.0 and record["detail"] == f"not released: {problem}"
     else:
         assert record["usage"] == {"cpu_s": 0.01, "released": 1.0}
+
+
+def test_a_running_job_shows_its_start_and_a_short_one_gets_it_with_its_end(api: Api) -> None:
+    alice = api.tenant("alice")
+    slow = api.http.post("/v1/jobs", json={"code": "import time; time.sleep(1.5)"}, headers=alice)
+    runner = threading.Thread(target=_run_all, args=(api,))
+    runner.start()
+    deadline = time.monotonic() + 1.2
+    seen = {}
+    while time.monotonic() < deadline and not seen.get("started_at"):
+        seen = api.http.get(f"/v1/jobs/{slow.json()['id']}", headers=alice).json()
+        time.sleep(0.02)
+    runner.join()
+    assert seen["state"] == "running" and seen["started_at"] and seen["image_digest"], seen
+    quick = api.http.post("/v1/jobs", json={"code": "print(1)"}, headers=alice).json()
+    _run_all(api)
+    record = api.http.get(f"/v1/jobs/{quick['id']}", headers=alice).json()
+    assert record["started_at"] and record["image_digest"].startswith("sha256:"), record

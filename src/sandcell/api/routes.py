@@ -114,7 +114,7 @@ async def submit_job(
     with request.app.state.ack_histogram.time():  # the acknowledgement, not the wait
         job = await to_thread.run_sync(_submit, svc, who, body, response, idempotency_key)
     if wait and not job.state.is_terminal:
-        job = await _until_terminal(svc, who, job, wait)
+        return await _until_terminal(svc, who, job.id, wait)
     return await to_thread.run_sync(_job_out, svc, job)
 
 
@@ -154,23 +154,34 @@ async def get_job(
     ] = 0,
 ) -> JobOut:
     """The job record; with `wait`, answers as soon as the job is terminal (or wait runs out)."""
-    job = await to_thread.run_sync(svc.jobs.get, who, job_id)
-    if wait and not job.state.is_terminal:
-        job = await _until_terminal(svc, who, job, wait)
-    return await to_thread.run_sync(_job_out, svc, job)
+    if wait:
+        return await _until_terminal(svc, who, job_id, wait)
+    return await to_thread.run_sync(_get_out, svc, who, job_id)
 
 
-async def _until_terminal(svc: Svc, who: Caller, job: Job, wait: float) -> Job:
+async def _until_terminal(svc: Svc, who: Caller, job_id: str, wait: float) -> JobOut:
     """Re-read the job when a notification says it ended (or every FALLBACK_S) until `wait`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    with JobEnd(svc.jobs.notifier, job.id) as end:
-        # Read again once listening: the job may have ended just before.
-        job = await to_thread.run_sync(svc.jobs.get, who, job.id)
+    with JobEnd(svc.jobs.notifier, job_id) as end:
+        # Read once listening: the job may have ended just before.
+        job = await to_thread.run_sync(svc.jobs.get, who, job_id)
         while not job.state.is_terminal and (left := deadline - loop.time()) > 0:
             await end.wait(left)
-            job = await to_thread.run_sync(svc.jobs.get, who, job.id)
-    return job
+            job, out = await to_thread.run_sync(_read_out, svc, who, job_id)
+            if out is not None:
+                return out  # read and rendered in one trip to the thread pool
+    return await to_thread.run_sync(_job_out, svc, job)
+
+
+def _read_out(svc: Svc, who: Caller, job_id: str) -> tuple[Job, JobOut | None]:
+    """The job, and its rendering once it is terminal."""
+    job = svc.jobs.get(who, job_id)
+    return job, _job_out(svc, job) if job.state.is_terminal else None
+
+
+def _get_out(svc: Svc, who: Caller, job_id: str) -> JobOut:
+    return _job_out(svc, svc.jobs.get(who, job_id))
 
 
 @router.get(

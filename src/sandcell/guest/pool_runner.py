@@ -18,8 +18,9 @@ exit would, then prints one last line on each of stdout and stderr,
 
     \x1esandcell-exit STATUS\n
 
-so the host can report the job's end without waiting for gVisor to tear the sandbox down. The
-sandbox is destroyed after this one job.
+so the host can report the job's end without waiting for gVisor to tear the sandbox down, and
+exits once the host closes its stdin (after the report). The sandbox is destroyed after this
+one job.
 
 Before the job, stdout and stderr go to /dev/null: nothing the imports say becomes the job's.
 """
@@ -147,7 +148,7 @@ def exit_status(exc: SystemExit) -> int:
     return 1
 
 
-def finish(status: int, job_modules: list[str]) -> NoReturn:
+def finish(status: int, job_modules: list[str], host: int) -> NoReturn:
     """End as python's own exit would, short of tearing the interpreter down.
 
     The sandbox is destroyed right after, so tearing down pandas and matplotlib (about 0.1 s)
@@ -169,6 +170,11 @@ def finish(status: int, job_modules: list[str]) -> NoReturn:
     for fd in (1, 2):
         with contextlib.suppress(OSError):
             os.write(fd, EXIT_MARKER % status)
+    # Wait until the host has taken the result (it closes our stdin): gVisor's teardown, which
+    # our exit starts, would only compete for the CPU with the host's reporting of the job.
+    with contextlib.suppress(OSError):
+        while os.read(host, 4096):
+            pass
     os._exit(status)
 
 
@@ -213,6 +219,7 @@ def main() -> None:
     job = read_job(0)
     if job is None:
         os._exit(0)
+    host = os.dup(0)  # kept (not inherited) until the host lets the sandbox go; see finish
     os.dup2(devnull, 0)  # the job's stdin is at EOF, as in a cold sandbox
     os.close(devnull)
     become(job, base_path)
@@ -223,4 +230,4 @@ def main() -> None:
         run_main()
     except SystemExit as exc:
         status = exit_status(exc)
-    finish(status, ["__main__", *(name for name in sys.modules if name not in before)])
+    finish(status, ["__main__", *(name for name in sys.modules if name not in before)], host)

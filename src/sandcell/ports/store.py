@@ -1,5 +1,6 @@
 """The store port: every durable record goes through it (SQLite or PostgreSQL)."""
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 from sandcell.domain.cells import SessionCell
@@ -73,8 +74,16 @@ class Store(Protocol):
     def add_artifacts(self, job_id: str, found: list[Artifact], token: int) -> None:
         """Record all of `found` in one transaction, or none (StaleLease if not current)."""
 
-    def finish_job(self, job: Job, token: int) -> None:
-        """Write the terminal fields of `job`; raise StaleLease if `token` is not current."""
+    def finish_job(
+        self,
+        job: Job,
+        token: int,
+        logs: Sequence[tuple[str, bytes]] = (),
+        outputs: Sequence[Artifact] = (),
+    ) -> None:
+        """Write the terminal fields of `job`, with its last log chunks (stream, data) and its
+        output artifacts, in one transaction; StaleLease (and nothing written) if `token` is
+        not current."""
 
     def record_release(self, job_id: str, token: int, released: bool, detail: str) -> None:
         """After a job ended before its sandbox was released (ports.runtime.EarlySink): mark

@@ -1,9 +1,10 @@
 """JobSink: where a running sandbox's output goes — log chunks and artifacts in the store.
 
 A job's output files are stored as blobs as they are collected, but recorded as artifacts
-only by publish_outputs(), all in one transaction, once the worker has decided the job's end:
-a collection that fails part way (the artifact disk full) leaves no artifact of the job
-visible, and discard_outputs() removes the blobs nothing else refers to.
+only with the job's end (take_final: the worker writes them with the terminal record, and the
+last log chunks, in one transaction): a collection that fails part way (the artifact disk
+full) leaves no artifact of the job visible, and discard_outputs() removes the blobs nothing
+else refers to.
 """
 
 import contextlib
@@ -27,6 +28,9 @@ from sandcell.services.patience import patiently
 log = logging.getLogger("sandcell.worker")
 LOG_FLUSH_BYTES = 64 * 1024
 LOG_FLUSH_S = 0.2
+# The start (started_at, sandbox) is written this long after the ready line: a job that ends
+# sooner has it written with its end, one store write fewer before its result.
+STARTED_WRITE_S = 0.05
 T = TypeVar("T")
 
 
@@ -51,11 +55,14 @@ class JobSink:
         # A repeat after a lost answer can at worst duplicate a log chunk or an artifact row.
         self.patience_s = patience_s
         self.started_at: float | None = None
+        self._started_timer: threading.Timer | None = None
+        self._started_lock = threading.Lock()  # the start's write against `settle`
+        self._settled = False
         # Who settles the job on an early result; None: the runtime's return settles it.
         self.on_ended: Callable[[SandboxResult], None] | None = None
         self.skipped_outputs = 0
         self._staged_files: set[tuple[str, str]] | None = None
-        self._outputs: list[Artifact] = []  # stored, not yet recorded (publish_outputs)
+        self._outputs: list[Artifact] = []  # stored, not yet recorded (take_final)
         # Set when the lease is gone: another worker may own the job, so nothing of this
         # attempt is written any more, and no store outage holds up the sandbox's stop.
         self.abandoned = threading.Event()
@@ -88,11 +95,40 @@ class JobSink:
     def ready(self) -> None:
         if self.abandoned.is_set():
             return
-        at = self.started_at = time.time()
-        digest, sandbox_id = self._digest(), self.sandbox_id
-        self._patiently(
-            lambda: self.store.mark_started(self.job.id, self.token, at, digest, sandbox_id)
-        )
+        self.started_at = time.time()
+        self._started_timer = threading.Timer(STARTED_WRITE_S, self._write_started)
+        self._started_timer.daemon = True
+        self._started_timer.start()
+
+    def _write_started(self) -> None:
+        with self._started_lock:
+            if self._settled or self.abandoned.is_set() or self.store_lost.is_set():
+                return
+            at, digest, sandbox_id = self.started_at or time.time(), self._digest(), self.sandbox_id
+            with contextlib.suppress(SandcellError):  # the job's end writes it, or says why not
+                self._patiently(
+                    lambda: self.store.mark_started(self.job.id, self.token, at, digest, sandbox_id)
+                )
+
+    def settle(self) -> None:
+        """The attempt is about to be settled: its start is written with its end, if it was
+        not written yet."""
+        with self._started_lock:
+            self._settled = True
+        if self._started_timer is not None:
+            self._started_timer.cancel()
+
+    def take_final(self) -> tuple[list[tuple[str, bytes]], list[Artifact]]:
+        """The log chunks not yet written and the outputs not yet recorded, for the job's
+        terminal write; the sink holds neither after."""
+        with self._lock:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            logs = [(stream, bytes(data)) for stream, data in self._pending]
+            self._pending, self._pending_bytes = [], 0
+        outputs, self._outputs = self._outputs, []
+        return logs, outputs
 
     def _digest(self) -> str:
         return self.job.image_digest or ""
@@ -119,12 +155,6 @@ class JobSink:
     def flush(self) -> None:
         with self._lock:
             self._flush_locked()
-
-    def publish_outputs(self) -> None:
-        """Record every output file collected as an artifact, all in one transaction."""
-        outputs, self._outputs = self._outputs, []
-        if outputs:
-            self._patiently(lambda: self.store.add_artifacts(self.job.id, outputs, self.token))
 
     def discard_outputs(self) -> None:
         """Forget the outputs collected so far; remove their blobs if nothing else has them."""

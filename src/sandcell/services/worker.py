@@ -379,7 +379,7 @@ class Worker:
             # re-queued or ends worker_lost, as a lost worker's would.
             sink.discard_outputs()
             raise StaleLease("the store was unreachable while the job ran")
-        sink.flush()
+        sink.settle()
         return result, sink
 
     def _end_early(
@@ -396,7 +396,7 @@ class Worker:
         stop_beat()  # the job ends now: its lease is not renewed, nor a cancel relayed
         if sink.abandoned.is_set() or sink.store_lost.is_set():
             return False  # _supervised gives the attempt up once the release is done
-        sink.flush()
+        sink.settle()
         job.egress = []
         self._settle(job, token, (result, sink), recorder.storage_full)
         return True
@@ -412,6 +412,7 @@ class Worker:
         if result.reason is Reason.CANCELLED and self._stopped_by_shutdown(job):
             # Not the caller's cancel: the job is settled as if its worker were lost, so a
             # job with attempts left runs again elsewhere (and makes its outputs again).
+            sink.flush()
             sink.discard_outputs()
             self._patiently(lambda: self.store.release_job(job.id, token, time.time()))
             self.notifier.notify(JOB_QUEUED, job.id)  # re-queued, or ended worker_lost
@@ -422,7 +423,6 @@ class Worker:
             # the refusal; its outputs are not published either.
             sink.discard_outputs()
             result = replace(result, reason=Reason.INTERNAL, detail=storage_full.detail)
-        sink.publish_outputs()
         self._finish(job, token, sink, result)
 
     def _patiently(self, call: Callable[[], T]) -> T:
@@ -547,9 +547,11 @@ class Worker:
         if sink and sink.skipped_outputs:
             job.usage["skipped_outputs"] = sink.skipped_outputs
         job.attempts = [*job.attempts, self._attempt(job, token, now)]
-        # Fenced: if a lost answer hid a commit, the repeat is refused (StaleLease), not applied.
-        self._patiently(lambda: self.store.finish_job(job, token))
-        self.notifier.notify(JOB_DONE, job.id)
+        logs, outputs = sink.take_final() if sink else ([], [])
+        # One transaction: the end, the last logs and every output appear together. Fenced: if
+        # a lost answer hid a commit, the repeat is refused (StaleLease), not applied.
+        self._patiently(lambda: self.store.finish_job(job, token, logs, outputs))
+        self.notifier.notify(JOB_DONE, job.id)  # also wakes log followers
 
     def _attempt(self, job: Job, token: int, now: float) -> dict[str, object]:
         return {

@@ -5,7 +5,7 @@ Writers that race (idempotent submission, claiming) rely on the database: a prim
 """
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from typing import Any
@@ -264,6 +264,19 @@ def _take_token(
         )
     else:
         conn.execute(update(rate_buckets).where(key).values(tokens=tokens - 1, updated_at=now))
+
+
+def _insert_logs(conn: Connection, job_id: str, chunks: Sequence[tuple[str, bytes]]) -> None:
+    """Append log chunks after the job's last one, in order."""
+    last = conn.execute(
+        select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == job_id)
+    ).scalar()
+    first = 0 if last is None else last + 1
+    rows = [
+        {"job_id": job_id, "seq": first + n, "stream": stream, "data": data}
+        for n, (stream, data) in enumerate(chunks)
+    ]
+    conn.execute(insert(job_logs), rows)
 
 
 def _session_from_row(row: Any) -> Session:
@@ -587,11 +600,7 @@ class SqlStore:
     def append_log(self, job_id: str, token: int, stream: str, data: bytes) -> None:
         with self._tx() as conn:
             self._require_owner(conn, job_id, token)
-            last = conn.execute(
-                select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == job_id)
-            ).scalar()
-            seq = 0 if last is None else last + 1
-            conn.execute(insert(job_logs).values(job_id=job_id, seq=seq, stream=stream, data=data))
+            _insert_logs(conn, job_id, [(stream, data)])
 
     def add_artifact(self, artifact: Artifact, token: int) -> None:
         self.add_artifacts(artifact.job_id, [artifact], token)
@@ -604,7 +613,13 @@ class SqlStore:
                 assert all(a.job_id == job_id for a in found)
                 conn.execute(insert(artifacts), [asdict(a) for a in found])
 
-    def finish_job(self, job: Job, token: int) -> None:
+    def finish_job(
+        self,
+        job: Job,
+        token: int,
+        logs: Sequence[tuple[str, bytes]] = (),
+        outputs: Sequence[Artifact] = (),
+    ) -> None:
         assert (job.state.is_terminal and job.reason is not None) or job.state is JobState.COMPLETED
         values = {
             "state": job.state.value,
@@ -614,6 +629,7 @@ class SqlStore:
             "runtime": job.runtime,
             "runtime_version": job.runtime_version,
             "started_at": job.started_at,
+            "image_digest": job.image_digest,
             "finished_at": job.finished_at,
             "usage": job.usage,
             "attempts": job.attempts,
@@ -624,8 +640,13 @@ class SqlStore:
         }
         with self._tx() as conn:
             result = conn.execute(update(jobs).where(self._owned(job.id, token)).values(**values))
-        if result.rowcount != 1:
-            raise StaleLease()
+            if result.rowcount != 1:
+                raise StaleLease()  # inside: nothing of this end is written
+            if logs:
+                _insert_logs(conn, job.id, logs)
+            if outputs:
+                assert all(a.job_id == job.id for a in outputs)
+                conn.execute(insert(artifacts), [asdict(a) for a in outputs])
 
     def record_release(self, job_id: str, token: int, released: bool, detail: str) -> None:
         ended = and_(
