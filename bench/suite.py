@@ -41,7 +41,6 @@ SECTIONS = ("trivial", "chart", "session", "throughput", "memory")
 COLD = UNLIMITED | {"SANDCELL_POOL_SIZE": "", "SANDCELL_SESSION_POOL_SIZE": ""}
 SESSION_POOLED = COLD | {"SANDCELL_SESSION_POOL_SIZE": "python-data=1"}
 POOL_READY_TIMEOUT_S = 60.0
-POOL_REFILL_S = {"python": 1.5, "python-data": 6.0}  # sequential pooled runs wait for a refill
 TRIVIAL = {"code": "print(1)"}
 
 
@@ -105,15 +104,17 @@ def baselines(plan: Plan) -> dict[str, Any]:
 
 
 def sequential_jobs(
-    url: str, body: dict[str, Any], runs: int, pause_s: float
+    url: str, body: dict[str, Any], runs: int, pool_image: str | None
 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
-    """`runs` jobs one after another (after one warm-up), each timed submit → completed."""
+    """`runs` jobs one after another (after one warm-up), each timed submit → completed; with
+    `pool_image`, each once that image's job pool has a warm sandbox again."""
     with tenant_client(url) as http:
         job_body = body | _inputs(http, body)
         jobs.completed(jobs.run_job(http, job_body))
         samples, records = [], []
         for _ in range(runs):
-            time.sleep(pause_s)  # a pool refills between jobs; outside the timed part
+            if pool_image:
+                _wait_for_pool(http, "jobs", pool_image)  # outside the timed part
             started = time.perf_counter()
             records.append(jobs.completed(jobs.run_job(http, job_body)))
             samples.append((time.perf_counter() - started) * 1000)
@@ -130,15 +131,14 @@ def _inputs(http: Any, body: dict[str, Any]) -> dict[str, Any]:
 def job_case(plan: Plan, name: str, body: dict[str, Any], image: str, runs: int) -> dict[str, Any]:
     result: dict[str, Any] = {}
     with scratch_dir() as base, server(base / "cold", COLD) as url:
-        result["cold"], records = sequential_jobs(url, body, runs, 0)
+        result["cold"], records = sequential_jobs(url, body, runs, None)
         result["cold_queue_ms"] = summary([r["queue_ms"] for r in records])
     if not pool_available():
         result["pooled"] = "no warm pool in this build (SANDCELL_POOL_SIZE unknown): cold only"
         return result
     pooled_env = UNLIMITED | {"SANDCELL_POOL_SIZE": f"{image}=1"}
     with scratch_dir() as base, server(base / "pooled", pooled_env) as url:
-        time.sleep(POOL_REFILL_S[image])  # the first fill
-        result["pooled"], records = sequential_jobs(url, body, runs, POOL_REFILL_S[image])
+        result["pooled"], records = sequential_jobs(url, body, runs, image)
         result["pooled_runs"] = sum(1 for r in records if r.get("pooled"))
     result["cold_vs_pooled"] = ratio(result["cold"]["median_ms"], result["pooled"]["median_ms"])
     return result
@@ -189,7 +189,7 @@ def _sessions(plan: Plan, url: str, data_dir: Path, pooled: bool) -> dict[str, A
     with tenant_client(url) as http:
         for n in range(plan.sessions):
             if pooled:
-                _wait_for_session_pool(http)  # outside the timed part, as a refill would be
+                _wait_for_pool(http, "sessions", "python-data")  # outside the timed part
             sid, created, first = jobs.session_first_result(http, "python-data")
             creates.append(created)
             firsts.append(first)
@@ -206,15 +206,16 @@ def _sessions(plan: Plan, url: str, data_dir: Path, pooled: bool) -> dict[str, A
     return out
 
 
-def _wait_for_session_pool(http: Any) -> None:
-    """Until the worker reports a ready python-data kernel (its heartbeat, in /metrics)."""
-    time.sleep(1.5)  # a fresh report: the one before the last take-over may still say ready
+def _wait_for_pool(http: Any, kind: str, image: str, count: int = 1) -> None:
+    """Until the worker reports `count` ready sandboxes (`kind`: jobs or sessions) of `image`
+    (its heartbeat, in /metrics)."""
+    time.sleep(1.5)  # a fresh report: the one before the last take may still say ready
     deadline = time.monotonic() + POOL_READY_TIMEOUT_S
     while time.monotonic() < deadline:
         text = http.get("/metrics/").text
         for line in text.splitlines():
-            ready = line.startswith("sandcell_pool_ready{") and 'kind="sessions"' in line
-            if ready and 'image="python-data"' in line and float(line.split()[-1]) >= 1:
+            ready = line.startswith("sandcell_pool_ready{") and f'kind="{kind}"' in line
+            if ready and f'image="{image}"' in line and float(line.split()[-1]) >= count:
                 return
         time.sleep(0.2)
 
@@ -270,8 +271,10 @@ def memory(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
     images = ("python",) if plan.quick else ("python", "python-data")
     for image in images:
         env = UNLIMITED | {"SANDCELL_POOL_SIZE": f"{image}=2", "SANDCELL_POOL_MEMORY_MB": "2048"}
-        with scratch_dir() as scratch, server(scratch / image, env):
-            time.sleep(2 * POOL_REFILL_S[image] + 2)  # fill, then settle
+        with scratch_dir() as scratch, server(scratch / image, env) as url:
+            with tenant_client(url) as http:
+                _wait_for_pool(http, "jobs", image, count=2)
+            time.sleep(2)  # settle
             result[f"idle_pooled_{image}_pss_mib"] = _per_sandbox(f"{scratch / image}/sandboxes")
     return result
 

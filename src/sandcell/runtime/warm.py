@@ -306,9 +306,10 @@ class PooledRun(SandboxRun):
     def _early_result(self, streams: Streams) -> SandboxResult | None:
         """The job's end as the runner's exit lines tell it, reported before gVisor's teardown.
 
-        Decided as after the exit (every limit's counter can be read while the sandbox lives,
-        and the runner synced the job's files before its exit lines); only a clean end is
-        reported early, so a limit's reason is still recorded with the release verified.
+        Decided as after the exit: every limit's counter can be read while the sandbox lives,
+        and what the job wrote to /output is on the host already (gVisor writes a mount's
+        files through: shared file access, mapped files too). Only a clean end is reported
+        early, so a limit's reason is still recorded with the release verified.
         """
         status = streams.exit_status
         if status is None or self.kill_reason is not None or not isinstance(self.sink, EarlySink):
