@@ -117,6 +117,14 @@ def test_a_pooled_kernel_serves_its_session_with_pandas_already_imported(
         started = time.monotonic()
         assert cell(live, "1+1")["result"] == "2"
         assert time.monotonic() - started < 1.0
+        # Its matplotlib reads fonts from memory (guest/memory_fonts.py), named by their path.
+        fonts = cell(
+            live,
+            "import matplotlib.font_manager as fm\n"
+            "path = fm.findfont('DejaVu Sans')\n"
+            "fm.get_font(path).fname == path, fm._get_font.__module__",
+        )
+        assert fonts["result"] == "(True, 'sandcell.memory_fonts')", fonts
         # The volume now lives in the session's state dir, and /workspace is on it.
         cell(live, "open('/workspace/note.txt', 'w').write('mine')")
         assert (spec.state_dir / VOLUME_NAME).is_file()

@@ -363,14 +363,23 @@ def test_csv_to_chart_in_a_python_data_pool(
         "import sys, pandas as pd, matplotlib.pyplot as plt\n"
         "print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))\n"
         "df = pd.read_csv('/input/data.csv')\n"
-        "df.plot(x='x', y='y').figure.savefig('/output/chart.png')\n"
+        "figure = df.plot(x='x', y='y', title='squares mod 97').figure\n"
+        "figure.savefig('/output/chart.png', metadata={'Software': None})\n"
+        "figure.savefig('/output/chart.pdf', metadata={'CreationDate': None})\n"
         "print(len(df))\n"
     )
     try:
         spec = replace(spec_for(python_data_image, code), inputs=[InputFile(data, "data.csv")])
         result, sink = run_pooled(runtime, spec)
-        assert result.reason is None, sink.stderr  # type: ignore[attr-defined]
+        assert result.reason is None, sink.stderr
         assert sink.stdout == "['matplotlib', 'pandas']\n10000\n"
+        # The pool's fonts are read from memory (guest/memory_fonts.py): the same chart as a
+        # cold sandbox draws from the font files, and the PDF backend still finds their paths.
+        cold_spec = replace(spec, limits=Limits(pids=64))  # a limit the pool refuses: cold
+        cold, cold_sink = run_pooled(runtime, cold_spec, expect_pooled=False)
+        assert cold.reason is None, cold_sink.stderr
         assert sink.files["chart.png"].startswith(b"\x89PNG")
+        assert sink.files["chart.png"] == cold_sink.files["chart.png"]
+        assert sink.files["chart.pdf"] == cold_sink.files["chart.pdf"]
     finally:
         runtime.close()

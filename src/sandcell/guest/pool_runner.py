@@ -39,12 +39,14 @@ import sys
 import types
 from typing import Any, NoReturn
 
+from . import memory_fonts
+
 WARM_MARKER = b"\x1esandcell-warm "
 READY_MARKER = b"\x1esandcell-ready\n"  # the same line the bundle's shell wrapper prints
 EXIT_MARKER = b"\x1esandcell-exit %d\n"
 MAIN = "/job/main.py"
 MAX_JOB_LINE = 1 << 20
-RUNNER_MODULES = ("sandcell", "sandcell.pool_runner")
+RUNNER_MODULES = ("sandcell", "sandcell.pool_runner", "sandcell.memory_fonts")
 
 
 def preload(modules: list[str]) -> list[str]:
@@ -207,6 +209,7 @@ def main() -> None:
     for fd in (1, 2):
         os.dup2(devnull, fd)
     failed = preload(sys.argv[1:])
+    memory_fonts.install()  # before the warm-up, which loads the fonts a chart needs
     warm_up()
     gc.freeze()  # what the runner imported is never garbage: the job's collections skip it
     for stream in (sys.stdout, sys.stderr):
