@@ -18,6 +18,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,7 @@ MS_NOSUID, MS_NODEV, MS_NOATIME = 0x2, 0x4, 0x400  # the same, as mount(2) flags
 MOUNT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOATIME
 MNT_DETACH = 0x2
 LOOP_CLR_FD = 0x4C01
+LOOP_RELEASE_S = 2.0  # how long a detached loop may stay bound to a filesystem being freed
 # -m 0: the tenant gets every block (its files are not root's). No journal: a scratch disk is
 # thrown away after one run; crash consistency buys nothing and the journal costs space.
 MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "nodiscard")
@@ -156,6 +158,11 @@ class Scratch:
             _note(problems, _umount(self.disk, MNT_DETACH), f"umount --lazy {self.disk}")
         if self.loop_device and self._owns_loop():  # loop numbers are reused: only if ours
             _note(problems, _detach_loop(self.loop_device), f"losetup --detach {self.loop_device}")
+            # A mount namespace of the sandbox's (the gofer's) may still hold the filesystem:
+            # the kernel frees it, and only then detaches the loop, a moment after the exit.
+            deadline = time.monotonic() + LOOP_RELEASE_S
+            while self._owns_loop() and time.monotonic() < deadline:
+                time.sleep(0.01)
         shutil.rmtree(self.root, ignore_errors=True)
         return problems + self.leftovers()
 

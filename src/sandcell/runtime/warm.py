@@ -64,7 +64,6 @@ WARM_MARKER = b"\x1esandcell-warm "  # the runner's line once its imports are do
 WARM_TIMEOUT_S = 60.0  # runsc boot plus the image's imports (pandas: ~2 s alone), on a busy host
 MAX_WARM_LINE = 4096
 EXIT_WAIT_S = 5.0
-RUNNER_EXIT_S = 1.0  # from its stdin's close to the runner's exit, once it said the job's end
 WARM_SHARES, JOB_SHARES, TEARDOWN_SHARES = 128, 1024, 2  # cpu.shares (2: the kernel's least)
 GUEST_PARENT, GUEST_NAME = str(Path(GUEST_PACKAGE_DIR).parent), Path(GUEST_PACKAGE_DIR).name
 RUNNER_BOOT = (
@@ -279,13 +278,11 @@ class PooledRun(SandboxRun):
         return streams.exit_status is not None
 
     def _wait_exit(self, streams: Streams) -> int:
-        """The job's exit status: the runner's exit lines say it, if they came (the sandbox
-        may be killed after them, a second after its stdin closed, which is not the job's)."""
+        """The job's exit status: the one the runner's exit lines gave, if they came (a job
+        that printed the line and goes on is killed after EXIT_WAIT_S: not its own status)."""
         self._let_runner_exit()
-        said = streams.exit_status
-        if said is not None and self.proc and not _wait(self.proc, RUNNER_EXIT_S):
-            self._force_kill()  # it said it was done and goes on: a job that printed the line
         code = super()._wait_exit(streams)
+        said = streams.exit_status
         return code if said is None else said
 
     def _release(self) -> list[str]:
