@@ -51,7 +51,7 @@ from sandcell.domain.records import (
     WorkerInfo,
 )
 from sandcell.domain.sessions import Session, SessionState
-from sandcell.domain.states import JobState, Reason
+from sandcell.domain.states import TERMINAL_STATES, JobState, Reason
 from sandcell.domain.workers import StopMode, WorkerStatus
 from sandcell.store import session_cells as cell_history
 from sandcell.store import worker_control
@@ -74,6 +74,7 @@ from sandcell.store.schema import (
 )
 
 ACTIVE = (JobState.ACCEPTED.value, JobState.RUNNING.value)
+TERMINAL = tuple(sorted(state.value for state in TERMINAL_STATES))
 LIVE_SESSION_STATES = ("starting", "running", "paused")
 PHASES = {  # how long a job spent: waiting, becoming ready, running
     "queue": ("accepted_at", "claimed_at"),
@@ -277,6 +278,13 @@ def _insert_logs(conn: Connection, job_id: str, chunks: Sequence[tuple[str, byte
         for n, (stream, data) in enumerate(chunks)
     ]
     conn.execute(insert(job_logs), rows)
+
+
+def _insert_artifacts(conn: Connection, job_id: str, found: Sequence[Artifact]) -> None:
+    """Record artifacts of `job_id` (none: nothing to do)."""
+    if found:
+        assert all(a.job_id == job_id for a in found)
+        conn.execute(insert(artifacts), [asdict(a) for a in found])
 
 
 def _session_from_row(row: Any) -> Session:
@@ -609,9 +617,7 @@ class SqlStore:
         """All of them or none: a job's outputs appear together."""
         with self._tx() as conn:
             self._require_owner(conn, job_id, token)
-            if found:
-                assert all(a.job_id == job_id for a in found)
-                conn.execute(insert(artifacts), [asdict(a) for a in found])
+            _insert_artifacts(conn, job_id, found)
 
     def finish_job(
         self,
@@ -644,15 +650,13 @@ class SqlStore:
                 raise StaleLease()  # inside: nothing of this end is written
             if logs:
                 _insert_logs(conn, job.id, logs)
-            if outputs:
-                assert all(a.job_id == job.id for a in outputs)
-                conn.execute(insert(artifacts), [asdict(a) for a in outputs])
+            _insert_artifacts(conn, job.id, outputs)
 
     def record_release(self, job_id: str, token: int, released: bool, detail: str) -> None:
         ended = and_(
             jobs.c.id == job_id,
             jobs.c.fencing_token == token,
-            jobs.c.state.in_([s.value for s in JobState if s.is_terminal]),
+            jobs.c.state.in_(TERMINAL),
         )
         with self._tx() as conn:
             row = conn.execute(select(jobs.c.usage).where(ended).with_for_update()).first()
@@ -859,9 +863,7 @@ class SqlStore:
             key = and_(job_stages.c.job_id == job_id, job_stages.c.name == name)
             if conn.execute(select(job_stages.c.name).where(key)).first() is not None:
                 raise Conflict(f"stage {name!r} is already committed")
-            if stored:
-                assert all(a.job_id == job_id for a in stored)
-                conn.execute(insert(artifacts), [asdict(a) for a in stored])
+            _insert_artifacts(conn, job_id, stored)
             conn.execute(
                 insert(job_stages).values(
                     job_id=job_id, name=name, attempt=token, committed_at=at, files=files
