@@ -239,6 +239,21 @@ def test_the_result_comes_before_the_sandbox_is_torn_down(
     assert result.released and sink.stderr == "err\n"  # no exit line of the runner's
 
 
+def test_a_child_the_job_forks_does_not_end_the_job(
+    pooled: PooledRuntime, python_image: Image
+) -> None:
+    code = (
+        "import os, sys, time\n"
+        "if os.fork() == 0:\n    sys.exit(0)\n"
+        "os.wait(); time.sleep(0.5); print('parent done')\n"
+        "raise SystemExit(4)\n"
+    )
+    sink = EarlyRecordingSink()
+    result, _ = run_pooled(pooled, spec_for(python_image, code), sink=sink)
+    assert (result.reason, result.exit_code) == (Reason.EXIT_CODE, 4), sink.stderr
+    assert sink.stdout == "parent done\n"
+
+
 def test_a_job_that_prints_the_exit_line_only_ends_itself_early(
     pooled: PooledRuntime, python_image: Image
 ) -> None:

@@ -46,6 +46,7 @@ READY_MARKER = b"\x1esandcell-ready\n"  # the same line the bundle's shell wrapp
 EXIT_MARKER = b"\x1esandcell-exit %d\n"
 MAIN = "/job/main.py"
 MAX_JOB_LINE = 1 << 20
+RUNNER_PID = os.getpid()  # the runner itself; a process the job forks is another
 RUNNER_MODULES = ("sandcell", "sandcell.pool_runner", "sandcell.memory_fonts")
 
 
@@ -169,6 +170,8 @@ def finish(status: int, job_modules: list[str], host: int) -> NoReturn:
         sys.modules.pop(name, None)
     gc.collect()  # frees them as python's exit does, `__del__` and all
     status = flush_std(status)
+    if os.getpid() != RUNNER_PID:  # a child the job forked ends here: not the job's end
+        os._exit(status)
     for fd in (1, 2):
         with contextlib.suppress(OSError):
             os.write(fd, EXIT_MARKER % status)
