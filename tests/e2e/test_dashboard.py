@@ -354,8 +354,15 @@ def test_a_session_runs_cells_with_text_and_a_chart_and_stops(
     )
     css(browser, "#cell-code").send_keys(chart)
     click(browser, "#run-cell")
-    image = css(browser, "img.cell-img", 120)
-    assert wait_for(browser, lambda d: d.execute_script("return arguments[0].naturalWidth", image))
+    # Looked up in the same script that reads it: the page re-renders the cells as they update.
+    width = wait_for(
+        browser,
+        lambda d: d.execute_script(
+            "return document.querySelector('img.cell-img')?.naturalWidth || null"
+        ),
+        120,
+    )
+    assert width > 100
     screenshot(browser, "session")
 
     click(browser, "#stop")
