@@ -124,6 +124,41 @@ def test_nonzero_exit_is_exit_code_and_cancel_of_running_job_is_honoured(api: Ap
     assert (record["state"], record["reason"]) == ("cancelled", "cancelled")
 
 
+@pytest.mark.parametrize("notified", [True, False])
+def test_a_cancel_reaches_a_running_job_by_notification_or_by_the_fallback_look(
+    api: Api, monkeypatch: pytest.MonkeyPatch, notified: bool
+) -> None:
+    """Notified, the worker looks at once (its fallback look is an hour away); with the
+    notification lost, the fallback look (here 0.2 s) still finds the request."""
+    monkeypatch.setattr(worker_module, "CANCEL_POLL_S", 3600 if notified else 0.2)
+    alice = api.tenant("alice")
+    slow = api.http.post(
+        "/v1/jobs", json={"code": "import time; time.sleep(30)"}, headers=alice
+    ).json()
+    config = WorkerConfig("wrk_test", slots=2, lease_s=600, heartbeat_s=600, poll_s=0.01)
+    notifier = api.services.jobs.notifier if notified else None
+    worker = Worker(
+        api.services.store,
+        api.blobs,
+        HostProcessRuntime(),
+        FakeImages("python"),
+        config,
+        notifier=notifier,
+    )
+    job = api.services.store.claim_next("wrk_test", time.time(), 600)
+    assert job is not None
+    runner = threading.Thread(target=worker.run_job, args=(job,))
+    runner.start()
+    time.sleep(0.3)
+    asked = time.monotonic()
+    api.http.post(f"/v1/jobs/{slow['id']}/cancel", headers=alice).raise_for_status()
+    runner.join(20)
+    assert not runner.is_alive()
+    assert time.monotonic() - asked < 20
+    record = api.http.get(f"/v1/jobs/{slow['id']}", headers=alice).json()
+    assert (record["state"], record["reason"]) == ("cancelled", "cancelled")
+
+
 def test_retire_removes_artifacts_and_logs_and_reports_them(api: Api) -> None:
     alice = api.tenant("alice")
     job = api.http.post(

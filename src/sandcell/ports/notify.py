@@ -1,5 +1,5 @@
 """The notification port: wake-ups between the API and workers ("a job was queued", "a job ended",
-"a job logged").
+"a job logged", "cancel this job").
 
 A notification is a hint, never the record: whoever wakes re-reads the store, and every waiter
 still polls at a modest interval, so a lost notification costs that interval, never correctness.
@@ -26,7 +26,10 @@ JOB_DONE = "sandcell_job_done"
 JOB_LOGS = "sandcell_job_logs"
 """New log chunks of a running job are in the store. Payload: the job id."""
 
-CHANNELS = (JOB_QUEUED, JOB_DONE, JOB_LOGS)
+JOB_CANCEL = "sandcell_job_cancel"
+"""A running job was asked to stop. Payload: the job id."""
+
+CHANNELS = (JOB_QUEUED, JOB_DONE, JOB_LOGS, JOB_CANCEL)
 
 ANY = ""
 """The payload of a wake-up that may concern every job (e.g. after a listener reconnected)."""

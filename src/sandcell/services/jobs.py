@@ -20,7 +20,7 @@ from sandcell.domain.records import InputRef, Job, JobSpec, LogChunk, Tenant
 from sandcell.domain.states import JobState
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.images import ImageCatalog
-from sandcell.ports.notify import JOB_DONE, JOB_QUEUED, LocalNotifier, Notifier
+from sandcell.ports.notify import JOB_CANCEL, JOB_DONE, JOB_QUEUED, LocalNotifier, Notifier
 from sandcell.ports.secrets import NetworkValidator
 from sandcell.ports.store import Store
 from sandcell.services.audit import AuditLog
@@ -179,6 +179,8 @@ class JobService:
             raise NotFound("no such job")
         if job.state.is_terminal:  # an accepted job is cancelled at once
             self.notifier.notify(JOB_DONE, job.id)
+        else:  # its worker stops it now, not at its next look at the store
+            self.notifier.notify(JOB_CANCEL, job.id)
         self.audit.record("job.cancel", actor=who.key_id, tenant_id=job.tenant_id, target=job.id)
         return job
 

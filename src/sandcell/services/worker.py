@@ -34,7 +34,15 @@ from sandcell.domain.workers import StopMode
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.egress import Egress, EgressSession
 from sandcell.ports.images import ImageCatalog
-from sandcell.ports.notify import JOB_DONE, JOB_QUEUED, LocalNotifier, Notifier, wake_on
+from sandcell.ports.notify import (
+    ANY,
+    JOB_CANCEL,
+    JOB_DONE,
+    JOB_QUEUED,
+    LocalNotifier,
+    Notifier,
+    wake_on,
+)
 from sandcell.ports.runtime import (
     Closeable,
     GuestChannelHandle,
@@ -54,6 +62,7 @@ from sandcell.services.stages import StageRecorder, restored_outputs
 
 log = logging.getLogger("sandcell.worker")
 T = TypeVar("T")
+CANCEL_POLL_S = 1.0  # a running job's look at the store for a cancel its notification missed
 
 BASE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -268,8 +277,10 @@ class Worker:
                 log.warning("job %s: ended or re-claimed meanwhile; left as it is", job.id)
         finally:
             with self._lock:
+                was_full = self._running >= self.config.slots
                 self._running -= 1
-            self._wake.set()  # a slot is free: claim again now, not at the next poll
+            if was_full:  # a queued job may wait for this slot: claim now, not at the next poll
+                self._wake.set()  # (with a slot free all along, its notification woke the loop)
 
     def _fail_internal(self, job: Job) -> None:
         detail, token = "internal error in the worker", job.fencing_token
@@ -343,13 +354,22 @@ class Worker:
         lost = sink.abandoned  # the lease is gone: nothing of this attempt may be written
         with self._lock:
             self._cancels[job.id] = cancel
+        poke = threading.Event()
+
+        def poked(payload: str) -> None:
+            if payload in (job.id, ANY):
+                poke.set()
+
+        unlisten = self.notifier.listen(JOB_CANCEL, poked)
         beat = threading.Thread(
-            target=self._heartbeat, args=(job, token, cancel, lost), daemon=True
+            target=self._heartbeat, args=(job, token, cancel, lost, poke), daemon=True
         )
         beat.start()
 
         def stop_beat() -> None:
+            unlisten()
             cancel.set()
+            poke.set()
             beat.join()
 
         early = EarlyEnd(
@@ -503,10 +523,23 @@ class Worker:
         return inputs
 
     def _heartbeat(
-        self, job: Job, token: int, done: threading.Event, lost: threading.Event
+        self,
+        job: Job,
+        token: int,
+        done: threading.Event,
+        lost: threading.Event,
+        poke: threading.Event,
     ) -> None:
-        """Renew the lease; turn a cancel request into `done`, a lost lease into both."""
-        while not done.wait(min(self.config.heartbeat_s, 0.1)):
+        """Renew the lease; turn a cancel request into `done`, a lost lease into both.
+
+        A cancel notification pokes it to look at once; it also looks every CANCEL_POLL_S,
+        which is all a lost notification costs.
+        """
+        while not done.is_set():
+            poke.wait(min(self.config.heartbeat_s, CANCEL_POLL_S))
+            poke.clear()  # before the look: a poke from now on means another one
+            if done.is_set():
+                return
             try:
                 self._beat(job, token, done, lost)
             except StoreUnavailable:
