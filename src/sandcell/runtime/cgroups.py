@@ -49,6 +49,11 @@ class SandboxCgroup:
     def __init__(self, relpath: str, root: Path = CGROUP_ROOT) -> None:
         self.relpath = relpath
         self.root = root
+        # The files the watch reads every tick, as plain strings: building a Path per read
+        # cost more CPU than the read itself.
+        self._procs = str(self.dir("pids") / "cgroup.procs")
+        self._oom_control = str(self.dir("memory") / "memory.oom_control")
+        self._pids_events = str(self.dir("pids") / "pids.events")
 
     def dir(self, controller: str) -> Path:
         return self.root / controller / self.relpath
@@ -106,13 +111,13 @@ class SandboxCgroup:
         return found
 
     def process_count(self) -> int:
-        return len(_read(self.dir("pids") / "cgroup.procs").split())
+        return len(_read(self._procs).split())
 
     def oom_kills(self) -> int:
-        return _keyed(_read(self.dir("memory") / "memory.oom_control")).get("oom_kill", 0)
+        return _keyed(_read(self._oom_control)).get("oom_kill", 0)
 
     def pids_limit_hits(self) -> int:
-        return _keyed(_read(self.dir("pids") / "pids.events")).get("max", 0)
+        return _keyed(_read(self._pids_events)).get("max", 0)
 
     def usage(self) -> dict[str, float]:
         usage: dict[str, float] = {}
@@ -185,9 +190,10 @@ def children(parent: str, root: Path = CGROUP_ROOT) -> set[str]:
     return names
 
 
-def _read(path: Path) -> str:
+def _read(path: Path | str) -> str:
     try:
-        return path.read_text()
+        with open(path) as file:
+            return file.read()
     except FileNotFoundError:
         return ""
     except OSError as exc:
