@@ -15,6 +15,7 @@ from sqlalchemy import (
     Engine,
     Select,
     and_,
+    bindparam,
     case,
     delete,
     event,
@@ -81,6 +82,28 @@ PHASES = {  # how long a job spent: waiting, becoming ready, running
     "start": ("claimed_at", "started_at"),
     "run": ("started_at", "finished_at"),
 }
+
+# The claim's statements, built once: building a statement costs more CPU than running it on
+# SQLite (~0.17 ms against ~0.08 ms measured), and workers claim on every wake-up.
+_QUEUED = (
+    select(jobs.c.id)
+    .where(jobs.c.state == JobState.ACCEPTED.value)
+    .order_by(jobs.c.accepted_at)
+    .limit(1)
+)
+_CANDIDATE = _QUEUED.with_for_update(skip_locked=True)
+_CLAIM = (
+    update(jobs)
+    .where(jobs.c.id == bindparam("job"), jobs.c.state == JobState.ACCEPTED.value)
+    .values(
+        state=JobState.RUNNING.value,
+        worker_id=bindparam("worker"),
+        claimed_at=bindparam("now"),
+        lease_expires_at=bindparam("expires"),
+        fencing_token=jobs.c.fencing_token + 1,
+    )
+)
+_JOB = select(jobs).where(jobs.c.id == bindparam("job"))
 
 
 def prepare_sqlite(engine: Engine) -> None:
@@ -511,31 +534,19 @@ class SqlStore:
     # jobs, seen by a worker
 
     def claim_next(self, worker_id: str, now: float, lease_s: float) -> Job | None:
+        # A look first, outside any write: most claims find nothing (a worker claims until it
+        # misses), and on SQLite a write transaction queues behind every other writer.
+        with self._read() as conn:
+            if conn.execute(_QUEUED).scalar() is None:
+                return None
         with self._tx() as conn:
-            candidate = (
-                select(jobs.c.id)
-                .where(jobs.c.state == JobState.ACCEPTED.value)
-                .order_by(jobs.c.accepted_at)
-                .limit(1)
-                .with_for_update(skip_locked=True)
-            )
-            job_id = conn.execute(candidate).scalar()
+            job_id = conn.execute(_CANDIDATE).scalar()
             if job_id is None:
                 return None
-            result = conn.execute(
-                update(jobs)
-                .where(jobs.c.id == job_id, jobs.c.state == JobState.ACCEPTED.value)
-                .values(
-                    state=JobState.RUNNING.value,
-                    worker_id=worker_id,
-                    claimed_at=now,
-                    lease_expires_at=now + lease_s,
-                    fencing_token=jobs.c.fencing_token + 1,
-                )
-            )
-            if result.rowcount != 1:
+            claimed = {"job": job_id, "worker": worker_id, "now": now, "expires": now + lease_s}
+            if conn.execute(_CLAIM, claimed).rowcount != 1:
                 return None
-            row = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
+            row = conn.execute(_JOB, {"job": job_id}).one()
         return _job_from_row(row)
 
     def expire_unstarted(self, now: float) -> list[str]:
