@@ -104,6 +104,15 @@ _CLAIM = (
     )
 )
 _JOB = select(jobs).where(jobs.c.id == bindparam("job"))
+_JOB_OF_TENANT = _JOB.where(jobs.c.tenant_id == bindparam("tenant"))
+_CANCEL_REQUESTED_AT = select(jobs.c.cancel_requested_at).where(jobs.c.id == bindparam("job"))
+# What every request reads (its key; the job or session it names), built once too.
+_API_KEY = select(api_keys).where(api_keys.c.id == bindparam("key"))
+_SESSION = select(sessions).where(sessions.c.id == bindparam("session"))
+_SESSION_OF_TENANT = _SESSION.where(sessions.c.tenant_id == bindparam("tenant"))
+_LIVE_WORKERS = select(workers).where(
+    workers.c.seen_at >= bindparam("since"), workers.c.stopped_at.is_(None)
+)
 
 
 def prepare_sqlite(engine: Engine) -> None:
@@ -384,7 +393,7 @@ class SqlStore:
 
     def get_api_key(self, key_id: str) -> tuple[ApiKey, str] | None:
         with self._read() as conn:
-            row = conn.execute(select(api_keys).where(api_keys.c.id == key_id)).first()
+            row = conn.execute(_API_KEY, {"key": key_id}).first()
         if row is None:
             return None
         values = dict(row._mapping)
@@ -466,11 +475,9 @@ class SqlStore:
         return _job_from_row(job_row)
 
     def get_job(self, tenant_id: str | None, job_id: str) -> Job | None:
-        query = select(jobs).where(jobs.c.id == job_id)
-        if tenant_id is not None:
-            query = query.where(jobs.c.tenant_id == tenant_id)
+        query = _JOB if tenant_id is None else _JOB_OF_TENANT
         with self._read() as conn:
-            row = conn.execute(query).first()
+            row = conn.execute(query, {"job": job_id, "tenant": tenant_id}).first()
         return _job_from_row(row) if row else None
 
     def list_jobs(
@@ -599,9 +606,7 @@ class SqlStore:
 
     def cancel_requested(self, job_id: str) -> bool:
         with self._read() as conn:
-            at = conn.execute(
-                select(jobs.c.cancel_requested_at).where(jobs.c.id == job_id)
-            ).scalar()
+            at = conn.execute(_CANCEL_REQUESTED_AT, {"job": job_id}).scalar()
         return at is not None
 
     def mark_started(
@@ -789,13 +794,10 @@ class SqlStore:
             conn.execute(update(workers).where(workers.c.id == worker_id).values(stopped_at=at))
 
     def live_workers(self, seen_since: float) -> list[WorkerInfo]:
-        query = select(workers).where(
-            workers.c.seen_at >= seen_since, workers.c.stopped_at.is_(None)
-        )
         with self._read() as conn:
             return [
                 WorkerInfo(r.id, r.host, r.runtime, r.runtime_version, r.started_at, r.url, r.pools)
-                for r in conn.execute(query)
+                for r in conn.execute(_LIVE_WORKERS, {"since": seen_since})
             ]
 
     def request_worker_stop(self, worker_id: str, mode: StopMode, at: float) -> None:
@@ -927,11 +929,9 @@ class SqlStore:
             conn.execute(insert(sessions).values(**values))
 
     def get_session(self, tenant_id: str | None, session_id: str) -> Session | None:
-        query = select(sessions).where(sessions.c.id == session_id)
-        if tenant_id is not None:
-            query = query.where(sessions.c.tenant_id == tenant_id)
+        query = _SESSION if tenant_id is None else _SESSION_OF_TENANT
         with self._read() as conn:
-            row = conn.execute(query).first()
+            row = conn.execute(query, {"session": session_id, "tenant": tenant_id}).first()
         return _session_from_row(row) if row else None
 
     def update_session(self, session_id: str, **values: Any) -> None:
