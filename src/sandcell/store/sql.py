@@ -113,6 +113,30 @@ _SESSION_OF_TENANT = _SESSION.where(sessions.c.tenant_id == bindparam("tenant"))
 _LIVE_WORKERS = select(workers).where(
     workers.c.seen_at >= bindparam("since"), workers.c.stopped_at.is_(None)
 )
+# What an admission runs on every submit.
+_INSERT_JOB = insert(jobs)
+_TENANT_LOCK = select(tenants.c.id).where(tenants.c.id == bindparam("tenant")).with_for_update()
+_ACTIVE_JOBS = (
+    select(func.count())
+    .select_from(jobs)
+    .where(jobs.c.tenant_id == bindparam("tenant"), jobs.c.state.in_(ACTIVE))
+)
+_FILE_BYTES = select(func.coalesce(func.sum(files.c.size), 0)).where(
+    files.c.tenant_id == bindparam("tenant")
+)
+_ARTIFACT_BYTES = select(func.coalesce(func.sum(artifacts.c.size), 0)).where(
+    artifacts.c.tenant_id == bindparam("tenant")
+)
+_BUCKET_KEY = and_(  # not named like the columns: an update's SET claims those names
+    rate_buckets.c.tenant_id == bindparam("of_tenant"),
+    rate_buckets.c.bucket == bindparam("of_bucket"),
+)
+_BUCKET = select(rate_buckets).where(_BUCKET_KEY).with_for_update()
+_BUCKET_TAKEN = (
+    update(rate_buckets)
+    .where(_BUCKET_KEY)
+    .values(tokens=bindparam("left"), updated_at=bindparam("at"))
+)
 
 
 def prepare_sqlite(engine: Engine) -> None:
@@ -252,13 +276,9 @@ def _after_lost_worker(job: Job, now: float) -> dict[str, Any]:
 
 def _admit(conn: Connection, tenant_id: str, admission: Admission) -> None:
     """Quota and rate checks, serialised per tenant by a row lock (SQLite: the write lock)."""
-    quotas = admission.quotas
-    conn.execute(select(tenants.c.id).where(tenants.c.id == tenant_id).with_for_update())
-    active = conn.execute(
-        select(func.count())
-        .select_from(jobs)
-        .where(jobs.c.tenant_id == tenant_id, jobs.c.state.in_(ACTIVE))
-    ).scalar_one()
+    quotas, tenant = admission.quotas, {"tenant": tenant_id}
+    conn.execute(_TENANT_LOCK, tenant)
+    active = conn.execute(_ACTIVE_JOBS, tenant).scalar_one()
     if active >= quotas.concurrent_jobs:
         raise QuotaExceeded(f"{active} jobs are already queued or running (quota)", 1)
     if _storage_bytes(conn, tenant_id) >= quotas.storage_mb * 2**20:
@@ -267,21 +287,17 @@ def _admit(conn: Connection, tenant_id: str, admission: Admission) -> None:
 
 
 def _storage_bytes(conn: Connection, tenant_id: str) -> int:
-    in_files = select(func.coalesce(func.sum(files.c.size), 0)).where(
-        files.c.tenant_id == tenant_id
-    )
-    in_artifacts = select(func.coalesce(func.sum(artifacts.c.size), 0)).where(
-        artifacts.c.tenant_id == tenant_id
-    )
-    return int(conn.execute(in_files).scalar_one()) + int(conn.execute(in_artifacts).scalar_one())
+    tenant = {"tenant": tenant_id}
+    in_files = conn.execute(_FILE_BYTES, tenant).scalar_one()
+    return int(in_files) + int(conn.execute(_ARTIFACT_BYTES, tenant).scalar_one())
 
 
 def _take_token(
     conn: Connection, tenant_id: str, bucket: str, per_minute: float, burst: int, now: float
 ) -> None:
     """A token bucket kept in the store, so limits hold across replicas and restarts."""
-    key = and_(rate_buckets.c.tenant_id == tenant_id, rate_buckets.c.bucket == bucket)
-    row = conn.execute(select(rate_buckets).where(key).with_for_update()).first()
+    key = {"of_tenant": tenant_id, "of_bucket": bucket}
+    row = conn.execute(_BUCKET, key).first()
     tokens = float(burst) if row is None else row.tokens
     if row is not None:
         tokens = min(float(burst), tokens + (now - row.updated_at) * per_minute / 60)
@@ -296,7 +312,7 @@ def _take_token(
             )
         )
     else:
-        conn.execute(update(rate_buckets).where(key).values(tokens=tokens - 1, updated_at=now))
+        conn.execute(_BUCKET_TAKEN, key | {"left": tokens - 1, "at": now})
 
 
 def _insert_logs(conn: Connection, job_id: str, chunks: Sequence[tuple[str, bytes]]) -> None:
@@ -440,7 +456,7 @@ class SqlStore:
             with self._tx() as conn:
                 if admission:
                     _admit(conn, job.tenant_id, admission)
-                conn.execute(insert(jobs).values(**_job_values(job)))
+                conn.execute(_INSERT_JOB, _job_values(job))
                 if idempotency:
                     key, body_sha256 = idempotency
                     conn.execute(
