@@ -63,6 +63,38 @@ def rate(action: Callable[[], object], total: int, concurrency: int) -> float:
     return round(total / (time.perf_counter() - started), 2)
 
 
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def busy_cpu_s() -> float:
+    """CPU seconds this machine has spent busy (every core, every process, the kernel) since
+    boot: the difference over a run is what the run cost, whoever paid for it."""
+    with open("/proc/stat") as stat:
+        ticks = [int(n) for n in stat.readline().split()[1:]]
+    idle, iowait = ticks[3], ticks[4]
+    return (sum(ticks) - idle - iowait) / HZ
+
+
+def process_cpu_s(marker: str) -> dict[str, float]:
+    """Own CPU seconds (not their reaped children's) of the sandcell processes whose
+    environment names `marker` (a scratch data dir): the API process and its worker."""
+    found: dict[str, float] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if (
+                b"sandcell.cli.main" not in argv
+                or marker.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
+            ):
+                continue
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        role = "worker" if b"worker" in argv else "api"
+        found[role] = found.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / HZ
+    return found
+
+
 def bare_python(runs: int) -> list[float]:
     return timed(bare_python_once, runs)
 

@@ -25,6 +25,8 @@ from typing import Any
 from bench import _http as jobs
 from bench._baselines import (
     bare_python,
+    busy_cpu_s,
+    process_cpu_s,
     pss_mib,
     rate,
     raw_bwrap_once,
@@ -246,12 +248,31 @@ def _throughput(plan: Plan, runtime: str, raw_once: Callable[[], None]) -> dict[
         jobs.completed(jobs.run_job(http, TRIVIAL))
         for c in plan.concurrency:
             total = plan.jobs_at(runtime, c)
+            service = process_cpu_s(str(scratch / runtime))
+            busy = busy_cpu_s()
             ours = rate(lambda: jobs.completed(jobs.run_job(http, TRIVIAL)), total, c)
+            ours_cpu, service = busy_cpu_s() - busy, _spent(service, scratch / runtime)
+            busy = busy_cpu_s()
             theirs = rate(raw_once, total, c)
-            out[f"c{c}"] = {"jobs_per_s": ours, "raw_per_s": theirs, "ratio": ratio(ours, theirs)}
+            theirs_cpu = busy_cpu_s() - busy
+            out[f"c{c}"] = {
+                "jobs_per_s": ours,
+                "raw_per_s": theirs,
+                "ratio": ratio(ours, theirs),
+                # Where the two cores went, per job: the whole machine, and of that the API's
+                # and the worker's own Python (the rest: runsc, the kernel, this client).
+                "cpu_ms_per_job": round(ours_cpu / total * 1000, 1),
+                "raw_cpu_ms_per_start": round(theirs_cpu / total * 1000, 1),
+                **{f"{role}_cpu_ms_per_job": round(s / total * 1000, 1) for role, s in service},
+            }
         if runtime == "bwrap":
             out["egress_job"] = _egress_probe(http)
     return out
+
+
+def _spent(before: dict[str, float], data_dir: Path) -> list[tuple[str, float]]:
+    after = process_cpu_s(str(data_dir))
+    return [(role, after[role] - before.get(role, 0.0)) for role in sorted(after)]
 
 
 def _egress_probe(http: Any) -> str:
