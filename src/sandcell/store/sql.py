@@ -13,7 +13,6 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Engine,
-    Select,
     and_,
     bindparam,
     case,
@@ -223,13 +222,18 @@ def _tenant_from_row(row: Any) -> Tenant:
     return Tenant(**values)
 
 
-def _artifacts_of(job_ids: list[str]) -> Select[Any]:
-    return select(artifacts).where(artifacts.c.job_id.in_(job_ids)).order_by(artifacts.c.path)
-
-
-def _stages_of(job_ids: list[str]) -> Select[Any]:
-    query = select(job_stages).where(job_stages.c.job_id.in_(job_ids))
-    return query.order_by(job_stages.c.committed_at)
+# A job's outputs and stages (or a page of jobs'), read for every record rendered; built once,
+# the list of ids bound at each run ("expanding").
+_ARTIFACTS_OF = (
+    select(artifacts)
+    .where(artifacts.c.job_id.in_(bindparam("jobs", expanding=True)))
+    .order_by(artifacts.c.path)
+)
+_STAGES_OF = (
+    select(job_stages)
+    .where(job_stages.c.job_id.in_(bindparam("jobs", expanding=True)))
+    .order_by(job_stages.c.committed_at)
+)
 
 
 def _stage_from_row(row: Any) -> dict[str, Any]:
@@ -756,7 +760,8 @@ class SqlStore:
 
     def list_artifacts(self, job_id: str) -> list[Artifact]:
         with self._read() as conn:
-            return [_artifact_from_row(row) for row in conn.execute(_artifacts_of([job_id]))]
+            rows = conn.execute(_ARTIFACTS_OF, {"jobs": [job_id]})
+            return [_artifact_from_row(row) for row in rows]
 
     def get_artifact(self, tenant_id: str | None, artifact_id: str) -> Artifact | None:
         query = select(artifacts).where(artifacts.c.id == artifact_id)
@@ -914,7 +919,7 @@ class SqlStore:
 
     def job_stages(self, job_id: str) -> list[dict[str, Any]]:
         with self._read() as conn:
-            return [_stage_from_row(row) for row in conn.execute(_stages_of([job_id]))]
+            return [_stage_from_row(row) for row in conn.execute(_STAGES_OF, {"jobs": [job_id]})]
 
     def outputs_of(
         self, job_ids: list[str]
@@ -925,9 +930,9 @@ class SqlStore:
         if not job_ids:
             return found
         with self._read() as conn:
-            for row in conn.execute(_artifacts_of(job_ids)):
+            for row in conn.execute(_ARTIFACTS_OF, {"jobs": job_ids}):
                 found[row.job_id][0].append(_artifact_from_row(row))
-            for row in conn.execute(_stages_of(job_ids)):
+            for row in conn.execute(_STAGES_OF, {"jobs": job_ids}):
                 found[row.job_id][1].append(_stage_from_row(row))
         return found
 
