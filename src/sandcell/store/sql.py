@@ -112,6 +112,14 @@ _SESSION_OF_TENANT = _SESSION.where(sessions.c.tenant_id == bindparam("tenant"))
 _LIVE_WORKERS = select(workers).where(
     workers.c.seen_at >= bindparam("since"), workers.c.stopped_at.is_(None)
 )
+# A job's end, written by the worker that holds its lease (the SET clause: the values given).
+_FINISH = update(jobs).where(
+    jobs.c.id == bindparam("of_job"),
+    jobs.c.fencing_token == bindparam("of_token"),
+    jobs.c.state == JobState.RUNNING.value,
+)
+_LAST_LOG_SEQ = select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == bindparam("job"))
+_INSERT_LOGS = insert(job_logs)
 # What an admission runs on every submit.
 _INSERT_JOB = insert(jobs)
 _TENANT_LOCK = select(tenants.c.id).where(tenants.c.id == bindparam("tenant")).with_for_update()
@@ -321,15 +329,13 @@ def _take_token(
 
 def _insert_logs(conn: Connection, job_id: str, chunks: Sequence[tuple[str, bytes]]) -> None:
     """Append log chunks after the job's last one, in order."""
-    last = conn.execute(
-        select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == job_id)
-    ).scalar()
+    last = conn.execute(_LAST_LOG_SEQ, {"job": job_id}).scalar()
     first = 0 if last is None else last + 1
     rows = [
         {"job_id": job_id, "seq": first + n, "stream": stream, "data": data}
         for n, (stream, data) in enumerate(chunks)
     ]
-    conn.execute(insert(job_logs), rows)
+    conn.execute(_INSERT_LOGS, rows)
 
 
 def _insert_artifacts(conn: Connection, job_id: str, found: Sequence[Artifact]) -> None:
@@ -680,9 +686,9 @@ class SqlStore:
             "sandbox_id": job.sandbox_id,
             "lease_expires_at": None,
         }
+        owner = {"of_job": job.id, "of_token": token}
         with self._tx() as conn:
-            result = conn.execute(update(jobs).where(self._owned(job.id, token)).values(**values))
-            if result.rowcount != 1:
+            if conn.execute(_FINISH, values | owner).rowcount != 1:
                 raise StaleLease()  # inside: nothing of this end is written
             if logs:
                 _insert_logs(conn, job.id, logs)
