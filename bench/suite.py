@@ -248,10 +248,11 @@ def _throughput(plan: Plan, runtime: str, raw_once: Callable[[], None]) -> dict[
         jobs.completed(jobs.run_job(http, TRIVIAL))
         for c in plan.concurrency:
             total = plan.jobs_at(runtime, c)
-            service = process_cpu_s(str(scratch / runtime))
+            service_before = process_cpu_s(str(scratch / runtime))
             busy = busy_cpu_s()
             ours = rate(lambda: jobs.completed(jobs.run_job(http, TRIVIAL)), total, c)
-            ours_cpu, service = busy_cpu_s() - busy, _spent(service, scratch / runtime)
+            ours_cpu = busy_cpu_s() - busy
+            service = _spent(service_before, scratch / runtime)
             busy = busy_cpu_s()
             theirs = rate(raw_once, total, c)
             theirs_cpu = busy_cpu_s() - busy

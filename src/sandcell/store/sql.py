@@ -112,12 +112,16 @@ _SESSION_OF_TENANT = _SESSION.where(sessions.c.tenant_id == bindparam("tenant"))
 _LIVE_WORKERS = select(workers).where(
     workers.c.seen_at >= bindparam("since"), workers.c.stopped_at.is_(None)
 )
-# A job's end, written by the worker that holds its lease (the SET clause: the values given).
-_FINISH = update(jobs).where(
+# A running job, as the attempt that holds its lease sees it: every write a worker makes about
+# a job is fenced so (bound with `_owner`). Not named like the columns: an update's SET claims
+# those names.
+_OWNED = and_(
     jobs.c.id == bindparam("of_job"),
     jobs.c.fencing_token == bindparam("of_token"),
     jobs.c.state == JobState.RUNNING.value,
 )
+_OWNED_ROW = select(jobs.c.id).where(_OWNED).with_for_update()
+_FINISH = update(jobs).where(_OWNED)  # a job's end (the SET clause: the values given)
 _LAST_LOG_SEQ = select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == bindparam("job"))
 _INSERT_LOGS = insert(job_logs)
 # What an admission runs on every submit.
@@ -327,6 +331,11 @@ def _take_token(
         conn.execute(_BUCKET_TAKEN, key | {"left": tokens - 1, "at": now})
 
 
+def _owner(job_id: str, token: int) -> dict[str, Any]:
+    """The values `_OWNED` is bound to for the attempt `token` of `job_id`."""
+    return {"of_job": job_id, "of_token": token}
+
+
 def _insert_logs(conn: Connection, job_id: str, chunks: Sequence[tuple[str, bytes]]) -> None:
     """Append log chunks after the job's last one, in order."""
     last = conn.execute(_LAST_LOG_SEQ, {"job": job_id}).scalar()
@@ -497,7 +506,7 @@ class SqlStore:
                 return None
             if row.body_sha256 != body_sha256:
                 raise IdempotencyMismatch()
-            job_row = conn.execute(select(jobs).where(jobs.c.id == row.job_id)).one()
+            job_row = conn.execute(_JOB, {"job": row.job_id}).one()
         return _job_from_row(job_row)
 
     def get_job(self, tenant_id: str | None, job_id: str) -> Job | None:
@@ -602,13 +611,6 @@ class SqlStore:
             )
         return ids
 
-    def _owned(self, job_id: str, token: int) -> Any:
-        return and_(
-            jobs.c.id == job_id,
-            jobs.c.fencing_token == token,
-            jobs.c.state == JobState.RUNNING.value,
-        )
-
     def _require_owner(self, conn: Connection, job_id: str, token: int) -> None:
         """Every write a worker makes about a job first proves it still holds the lease.
 
@@ -617,16 +619,14 @@ class SqlStore:
         also re-reads a row that a concurrent settler just committed; on SQLite by the write
         lock that BEGIN IMMEDIATE (prepare_sqlite) takes before this check.
         """
-        owned = select(jobs.c.id).where(self._owned(job_id, token)).with_for_update()
-        if conn.execute(owned).first() is None:
+        if conn.execute(_OWNED_ROW, _owner(job_id, token)).first() is None:
             raise StaleLease()
 
     def renew_lease(self, job_id: str, token: int, now: float, lease_s: float) -> bool:
         with self._tx() as conn:
             result = conn.execute(
-                update(jobs)
-                .where(self._owned(job_id, token))
-                .values(lease_expires_at=now + lease_s)
+                update(jobs).where(_OWNED).values(lease_expires_at=now + lease_s),
+                _owner(job_id, token),
             )
         return result.rowcount == 1
 
@@ -641,8 +641,9 @@ class SqlStore:
         with self._tx() as conn:
             result = conn.execute(
                 update(jobs)
-                .where(self._owned(job_id, token))
-                .values(started_at=at, image_digest=image_digest, sandbox_id=sandbox_id)
+                .where(_OWNED)
+                .values(started_at=at, image_digest=image_digest, sandbox_id=sandbox_id),
+                _owner(job_id, token),
             )
         if result.rowcount != 1:
             raise StaleLease()
@@ -686,9 +687,8 @@ class SqlStore:
             "sandbox_id": job.sandbox_id,
             "lease_expires_at": None,
         }
-        owner = {"of_job": job.id, "of_token": token}
         with self._tx() as conn:
-            if conn.execute(_FINISH, values | owner).rowcount != 1:
+            if conn.execute(_FINISH, values | _owner(job.id, token)).rowcount != 1:
                 raise StaleLease()  # inside: nothing of this end is written
             if logs:
                 _insert_logs(conn, job.id, logs)
@@ -725,14 +725,13 @@ class SqlStore:
     def release_job(self, job_id: str, token: int, now: float) -> None:
         """The owner gives a running job up (shutting down): settle it like a lost one."""
         with self._tx() as conn:
-            row = conn.execute(
-                select(jobs).where(self._owned(job_id, token)).with_for_update()
-            ).first()
+            owner = _owner(job_id, token)
+            row = conn.execute(select(jobs).where(_OWNED).with_for_update(), owner).first()
             if row is None:
                 raise StaleLease()
             values = _after_lost_worker(_job_from_row(row), now)
             values["detail"] = "the worker stopped before the job finished"
-            conn.execute(update(jobs).where(self._owned(job_id, token)).values(**values))
+            conn.execute(update(jobs).where(_OWNED).values(**values), owner)
 
     def fail_job(
         self, job_id: str, reason: Reason, detail: str, at: float, token: int | None = None
