@@ -6,6 +6,7 @@ filtered by seccomp.py, instead of to gVisor's user-space kernel.
 <state_dir>/sandboxes/<id>/        scratch of one sandbox (see scratch.py); these directories
                                    are 0711 so that bwrap, running as the sandbox's uid, can
                                    reach its bind sources (but list nothing)
+<state_dir>/blank-disks/           one blank ext4 image per disk size, copied for each (ext4.py)
 /sys/fs/cgroup/<ctl>/sandcell/<key>/<id>   its cgroup; <key> is derived from state_dir
 
 A sandbox has its own network namespace: loopback only. A job with egress gets its proxy's
@@ -43,6 +44,7 @@ from sandcell.runtime.bwrap_run import (
     processes_of_uid,
 )
 from sandcell.runtime.cgroups import SandboxCgroup
+from sandcell.runtime.ext4 import BlankDisks
 from sandcell.runtime.guest_mounts import GUEST_SOURCE
 from sandcell.runtime.scratch import Scratch, probe_loop_disk
 from sandcell.runtime.seccomp import compile_filter
@@ -88,6 +90,7 @@ class BwrapRuntime:
     def __init__(self, state_dir: Path, *, overhead_mb: int = 16) -> None:
         self.state_dir = state_dir
         self.sandboxes_dir = state_dir / "sandboxes"
+        self.blanks = BlankDisks(state_dir / "blank-disks")
         self.overhead_mb = overhead_mb  # bwrap's own two processes and the wrapper shell
         key = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
         self.cgroup_parent = f"sandcell/{key}"
@@ -132,7 +135,7 @@ class BwrapRuntime:
         if not SANDBOX_ID.match(spec.sandbox_id):
             return SandboxResult(None, Reason.RUNTIME_ERROR, "invalid sandbox id", released=True)
         self._ensure_dirs()
-        scratch = Scratch(self.sandboxes_dir / spec.sandbox_id)
+        scratch = Scratch(self.sandboxes_dir / spec.sandbox_id, self.blanks)
         cgroup = SandboxCgroup(f"{self.cgroup_parent}/{spec.sandbox_id}")
         if cgroup.exists() or not scratch.claim():  # atomic: never touch another run's id
             detail = f"sandbox id {spec.sandbox_id} is already in use"

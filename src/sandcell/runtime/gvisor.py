@@ -2,6 +2,7 @@
 
 <state_dir>/runsc/                 runsc --root: only this runtime's containers
 <state_dir>/sandboxes/<id>/        scratch of one sandbox (see scratch.py)
+<state_dir>/blank-disks/           one blank ext4 image per disk size, copied for each (ext4.py)
 /sys/fs/cgroup/<ctl>/sandcell/<key>/<id>   its cgroup; <key> is derived from state_dir, so
                                    two runtimes on one host never reap each other's
 """
@@ -19,6 +20,7 @@ from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime import cgroups
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
+from sandcell.runtime.ext4 import BlankDisks
 from sandcell.runtime.reap import reap_cgroups, reap_scratch
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import SandboxRun
@@ -41,6 +43,7 @@ class GVisorRuntime:
     ) -> None:
         self.state_dir = state_dir
         self.sandboxes_dir = state_dir / "sandboxes"
+        self.blanks = BlankDisks(state_dir / "blank-disks")
         self.runsc = Runsc(runsc, state_dir / "runsc", platform)
         self.overhead_mb = overhead_mb
         key = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
@@ -74,7 +77,7 @@ class GVisorRuntime:
         if not SANDBOX_ID.match(spec.sandbox_id):
             return SandboxResult(None, Reason.RUNTIME_ERROR, "invalid sandbox id", released=True)
         self._ensure_dirs()
-        scratch = Scratch(self.sandboxes_dir / spec.sandbox_id)
+        scratch = Scratch(self.sandboxes_dir / spec.sandbox_id, self.blanks)
         cgroup = SandboxCgroup(f"{self.cgroup_parent}/{spec.sandbox_id}")
         # Claiming the scratch dir is atomic: never touch what another run of this id owns.
         if cgroup.exists() or self.runsc.has_state(spec.sandbox_id) or not scratch.claim():

@@ -12,8 +12,9 @@ from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime.cgroups import SandboxCgroup
+from sandcell.runtime.ext4 import ScratchError
 from sandcell.runtime.outputs import collect_outputs
-from sandcell.runtime.scratch import Scratch, ScratchError
+from sandcell.runtime.scratch import Scratch
 from sandcell.runtime.streams import Streams
 
 EXIT_WAIT_S = 5.0

@@ -16,7 +16,11 @@ from sandcell.runtime.warm import PooledRun, WarmFactory, WarmSandbox, fit_to_jo
 def warm_factory(runtime: GVisorRuntime) -> WarmFactory:
     """Warm sandboxes under the runtime's own state dir and cgroup parent (so `reap` sees them)."""
     return WarmFactory(
-        runtime.runsc, runtime.sandboxes_dir, runtime.cgroup_parent, runtime.overhead_mb
+        runtime.runsc,
+        runtime.sandboxes_dir,
+        runtime.blanks,
+        runtime.cgroup_parent,
+        runtime.overhead_mb,
     )
 
 

@@ -4,7 +4,8 @@
         bundle/config.json             the OCI spec runsc boots
         job/main.py                    the code, bound read-only at /job
         input/...                      the input files, bound read-only at /input
-        disk.img                       ext4 image of limits.disk_mb, loop-mounted on disk/
+        disk.img                       ext4 image of limits.disk_mb (a blank one's copy, ext4.py),
+                                       loop-mounted on disk/
         disk/workspace, disk/output    bound read-write at /workspace and /output
         runsc.log                      runsc's own log (never shown to the tenant)
 
@@ -17,7 +18,6 @@ import errno
 import fcntl
 import os
 import shutil
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +25,9 @@ from pathlib import Path
 from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.paths import safe_relative_path
 from sandcell.ports.runtime import InputFile
+from sandcell.runtime.ext4 import BlankDisks, ScratchError, attach_loop, make_ext4
 
 GUEST_UID = 65534
-INODES_PER_MB = 64  # bounded inodes: an inode flood ends as ENOSPC, like a byte flood
-MIN_INODES = 256
 # Host mount options. nosuid/nodev: nothing on a tenant's disk may gain privileges or reach
 # a device. No noexec: /workspace is where users build and run scripts, and exec inside the
 # sandbox gives nothing the interpreter does not already have; /output gets noexec in the
@@ -39,20 +38,13 @@ MOUNT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOATIME
 MNT_DETACH = 0x2
 LOOP_CLR_FD = 0x4C01
 LOOP_RELEASE_S = 2.0  # how long a detached loop may stay bound to a filesystem being freed
-# -m 0: the tenant gets every block (its files are not root's). No journal: a scratch disk is
-# thrown away after one run; crash consistency buys nothing and the journal costs space.
-MKFS_OPTIONS = ("-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "nodiscard")
-COMMAND_TIMEOUT_S = 30
 FULL_SLACK_BYTES = 1024 * 1024  # "full": less than this (or 2%) left, or no inode left
-
-
-class ScratchError(Exception):
-    """The scratch directory or its disk could not be set up."""
 
 
 @dataclass
 class Scratch:
     root: Path
+    blanks: BlankDisks | None = None  # None: the disk is formatted in place
     loop_device: str | None = None
 
     @property
@@ -121,11 +113,11 @@ class Scratch:
             _copy_owned(item.host_path, target, owner)
 
     def _make_disk(self, disk_mb: int) -> None:
-        with open(self.image, "wb") as img:
-            img.truncate(disk_mb * 1024 * 1024)
-        inodes = max(MIN_INODES, disk_mb * INODES_PER_MB)
-        _run("mkfs.ext4", *MKFS_OPTIONS, "-N", str(inodes), str(self.image))
-        self.loop_device = _run("losetup", "--find", "--show", str(self.image)).strip()
+        if self.blanks is not None:
+            self.blanks.copy(disk_mb, self.image)
+        else:
+            make_ext4(self.image, disk_mb)
+        self.loop_device = attach_loop(self.image)
         _checked(_mount(self.loop_device, self.disk), f"mount {self.loop_device}")
         for path in (self.workspace, self.output):
             path.mkdir(mode=0o755)
@@ -237,16 +229,6 @@ def _write_readable(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "wb") as out:
         out.write(data)
-
-
-def _run(*cmd: str) -> str:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ScratchError(f"{cmd[0]} failed: {exc}") from exc
-    if done.returncode != 0:
-        raise ScratchError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
-    return done.stdout
 
 
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -25,10 +25,10 @@ from sandcell.ports.runtime import SandboxSpec
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR, SessionSpec
 from sandcell.runtime.bundle import check_env, oci_config, write_config
 from sandcell.runtime.cgroups import SandboxCgroup
+from sandcell.runtime.ext4 import ScratchError
 from sandcell.runtime.gvisor import SANDBOX_ID, GVisorRuntime
 from sandcell.runtime.runsc import RunscError
 from sandcell.runtime.sandbox import JOIN_CGROUPS, cgroup_limits
-from sandcell.runtime.scratch import ScratchError
 from sandcell.runtime.session_runsc import CHECKPOINT_FILE, Checkpointer, SessionRunsc
 from sandcell.runtime.session_sandbox import GVisorSession, SessionParts
 from sandcell.runtime.session_volume import VOLUME_NAME, SessionScratch

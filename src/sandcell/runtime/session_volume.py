@@ -14,15 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandcell.runtime.scratch import (
-    GUEST_UID,
-    INODES_PER_MB,
-    MIN_INODES,
-    MOUNT_OPTIONS,
-    Scratch,
-    ScratchError,
-    attached_loops,
-)
+from sandcell.runtime.ext4 import ScratchError, inodes_for
+from sandcell.runtime.scratch import GUEST_UID, MOUNT_OPTIONS, Scratch, attached_loops
 
 VOLUME_NAME = "workspace.img"
 # Unlike a job's throwaway disk, this one may see a crash mid-write and is used again: it keeps
@@ -76,8 +69,7 @@ def _format(volume: Path, disk_mb: int) -> None:
     partial = volume.with_name(f".{volume.name}.partial")
     with open(partial, "wb") as img:
         img.truncate(disk_mb * 1024 * 1024)
-    inodes = max(MIN_INODES, disk_mb * INODES_PER_MB)
-    _run("mkfs.ext4", *MKFS_OPTIONS, "-N", str(inodes), str(partial))
+    _run("mkfs.ext4", *MKFS_OPTIONS, "-N", str(inodes_for(disk_mb)), str(partial))
     partial.chmod(0o600)
     os.replace(partial, volume)
 

@@ -43,6 +43,7 @@ from sandcell.ports.runtime import (
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.runtime.bundle import check_env, oci_config, require_mount_points, write_config
 from sandcell.runtime.cgroups import SandboxCgroup
+from sandcell.runtime.ext4 import BlankDisks, ScratchError
 from sandcell.runtime.fork_watch import ForkWatch
 from sandcell.runtime.guest_mounts import oci_guest_mounts
 from sandcell.runtime.reap import wait_until_gone
@@ -55,7 +56,7 @@ from sandcell.runtime.sandbox import (
     boot_cpus,
     cgroup_limits,
 )
-from sandcell.runtime.scratch import Scratch, ScratchError
+from sandcell.runtime.scratch import Scratch
 from sandcell.runtime.streams import Streams
 
 log = logging.getLogger("sandcell.runtime.pool")
@@ -111,9 +112,14 @@ class WarmFactory:
     """Boots and destroys warm sandboxes under a GVisorRuntime's state dir and cgroup parent."""
 
     def __init__(
-        self, runsc: Runsc, sandboxes_dir: Path, cgroup_parent: str, overhead_mb: int
+        self,
+        runsc: Runsc,
+        sandboxes_dir: Path,
+        blanks: BlankDisks,
+        cgroup_parent: str,
+        overhead_mb: int,
     ) -> None:
-        self.runsc, self.sandboxes_dir = runsc, sandboxes_dir
+        self.runsc, self.sandboxes_dir, self.blanks = runsc, sandboxes_dir, blanks
         self.cgroup_parent, self.overhead_mb = cgroup_parent, overhead_mb
 
     def boot(
@@ -121,7 +127,7 @@ class WarmFactory:
     ) -> WarmSandbox:
         """A warm sandbox, its imports done; RuntimeUnavailable (and nothing left) otherwise."""
         sandbox_id = f"pool-{image.name}-{secrets.token_hex(6)}"
-        scratch = Scratch(self.sandboxes_dir / sandbox_id)
+        scratch = Scratch(self.sandboxes_dir / sandbox_id, self.blanks)
         cgroup = SandboxCgroup(f"{self.cgroup_parent}/{sandbox_id}")
         self.sandboxes_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not scratch.claim():

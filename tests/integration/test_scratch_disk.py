@@ -1,0 +1,107 @@
+"""Scratch disks copied from a blank image, on real loop devices (ext4.py, scratch.py)."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sandcell.runtime.ext4 import BlankDisks, ScratchError, attach_loop, copy_sparse, inodes_for
+from sandcell.runtime.scratch import GUEST_UID, Scratch, attached_loops, loop_backing_file
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: loop devices and mounts")
+
+
+def _scratch(tmp_path: Path, name: str, blanks: BlankDisks, disk_mb: int = 16) -> Scratch:
+    scratch = Scratch(tmp_path / "sandboxes" / name, blanks)
+    scratch.root.parent.mkdir(exist_ok=True)
+    assert scratch.claim()
+    scratch.create(b"print(1)", [], disk_mb)
+    return scratch
+
+
+def test_a_blank_is_made_once_per_size_and_each_disk_is_a_sparse_copy(tmp_path: Path) -> None:
+    blanks = BlankDisks(tmp_path / "blanks")
+    first = _scratch(tmp_path, "a", blanks)
+    made = {p.name: p.stat().st_ino for p in blanks.directory.iterdir()}
+    second = _scratch(tmp_path, "b", blanks)
+    other_size = _scratch(tmp_path, "c", blanks, disk_mb=8)
+    try:
+        assert made == {"ext4-16m-1024i.img": made["ext4-16m-1024i.img"]}
+        names = {p.name for p in blanks.directory.iterdir()}
+        assert names == {"ext4-16m-1024i.img", "ext4-8m-512i.img"}  # no partial file left
+        for scratch, disk_mb in ((first, 16), (second, 16), (other_size, 8)):
+            assert scratch.image.stat().st_size == disk_mb * MiB
+            assert scratch.image.stat().st_blocks * 512 < disk_mb * MiB // 4  # holes stayed
+            fs = os.statvfs(scratch.disk)
+            assert fs.f_files == inodes_for(disk_mb)
+            assert fs.f_blocks * fs.f_frsize > (disk_mb - 2) * MiB  # -m 0: all of it the guest's
+            assert (scratch.workspace.stat().st_uid, scratch.output.stat().st_uid) == (
+                GUEST_UID,
+                GUEST_UID,
+            )
+            assert loop_backing_file(str(scratch.loop_device)) == str(scratch.image)
+    finally:
+        problems = [p for s in (first, second, other_size) for p in s.teardown()]
+    assert problems == []
+    assert not any(str(tmp_path) in backing for backing in attached_loops().values())
+
+
+def test_two_disks_from_one_blank_share_nothing(tmp_path: Path) -> None:
+    blanks = BlankDisks(tmp_path / "blanks")
+    first, second = _scratch(tmp_path, "a", blanks), _scratch(tmp_path, "b", blanks)
+    try:
+        (first.workspace / "secret.txt").write_text("only a's")
+        os.sync()
+        assert list(second.workspace.iterdir()) == []
+        assert first.loop_device != second.loop_device
+        third = _scratch(tmp_path, "c", blanks)  # copied after a's write: still blank
+        assert list(third.workspace.iterdir()) == []
+        assert third.teardown() == []
+    finally:
+        assert first.teardown() == [] and second.teardown() == []
+
+
+def test_a_truncated_blank_is_made_again(tmp_path: Path) -> None:
+    blanks = BlankDisks(tmp_path / "blanks")
+    blanks.directory.mkdir()
+    (blanks.directory / "ext4-16m-1024i.img").write_bytes(b"half")  # a crash mid-write, say
+    scratch = _scratch(tmp_path, "a", blanks)
+    try:
+        assert scratch.is_mounted()
+        assert (blanks.directory / "ext4-16m-1024i.img").stat().st_size == 16 * MiB
+    finally:
+        assert scratch.teardown() == []
+
+
+def test_copy_sparse_copies_the_data_and_keeps_the_holes(tmp_path: Path) -> None:
+    source, target = tmp_path / "source", tmp_path / "target"
+    with open(source, "wb") as out:
+        out.truncate(64 * MiB)
+        out.seek(10 * MiB)
+        out.write(b"a" * 5000)
+        out.seek(64 * MiB - 3)
+        out.write(b"end")
+    copy_sparse(source, target)
+    assert target.read_bytes() == source.read_bytes()
+    assert target.stat().st_blocks * 512 <= 256 * 1024
+    with pytest.raises(FileExistsError):  # never over an existing file
+        copy_sparse(source, target)
+
+
+def test_attach_loop_refuses_what_is_not_there(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        attach_loop(tmp_path / "missing.img")
+    assert not any(str(tmp_path) in backing for backing in attached_loops().values())
+
+
+def test_a_blank_that_cannot_be_made_is_a_scratch_error(tmp_path: Path) -> None:
+    blanks = BlankDisks(tmp_path / "blanks")
+    with pytest.raises(ScratchError, match="mkfs"):
+        blanks.copy(0, tmp_path / "disk.img")  # a 0-byte image: mkfs.ext4 refuses it
+    assert list(blanks.directory.iterdir()) == []  # its partial file is gone
