@@ -47,7 +47,6 @@ from sandcell.runtime.one_shot import EXIT_WAIT_S, OneShotRun
 from sandcell.runtime.scratch import GUEST_UID, Scratch
 from sandcell.runtime.streams import Streams
 
-TICK_S = 0.02  # how often limits and `cancel` are looked at
 START_TIMEOUT_S = 30.0
 # Tasks of bwrap itself in the cgroup: the outer process and the sandbox's pid 1 (which reaps
 # orphans, so that the program is never pid 1 with its odd signal rules).
@@ -261,7 +260,7 @@ class BwrapRun(OneShotRun):
                     self.kill_reason = reason
                     self._kill()
                     return
-                select.select([exited], [], [], TICK_S)
+                select.select([exited], [], [], self._wait_s(streams))
         finally:
             os.close(exited)
 

@@ -45,7 +45,6 @@ from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.scratch import GUEST_UID, Scratch
 from sandcell.runtime.streams import Streams
 
-TICK_S = 0.02  # how often limits and `cancel` are looked at
 START_TIMEOUT_S = 30.0  # runsc boot, before the program's own clock starts
 PIDS_CONFIRM_FIRST_S, PIDS_CONFIRM_MAX_S = 0.125, 4.0  # `runsc events` costs ~60 ms of CPU
 BOOT_CPUS = 1.0
@@ -171,7 +170,7 @@ class SandboxRun(OneShotRun):
     def _tick(self, streams: Streams) -> None:
         # Waiting on a pidfd, not sleeping: the exit is seen at once, not up to a tick late,
         # and without `Popen.wait`'s polls (a waitpid and a sleep every few ms).
-        select.select([self.exited], [], [], TICK_S)
+        select.select([self.exited], [], [], self._wait_s(streams))
 
     def _limit_crossed(self, streams: Streams) -> Reason | None:
         if self.cancel.is_set():

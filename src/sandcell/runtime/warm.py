@@ -51,7 +51,6 @@ from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import (
     JOIN_CGROUPS,
     RUNSC_ENV,
-    TICK_S,
     SandboxRun,
     boot_cpus,
     cgroup_limits,
@@ -311,7 +310,7 @@ class PooledRun(SandboxRun):
         if streams.ended.is_set():  # both pipes closed without exit lines: only the exit tells
             super()._tick(streams)
         else:
-            streams.ended.wait(TICK_S)  # the runner's exit lines end the wait at once
+            streams.ended.wait(self._wait_s(streams))  # the runner's exit lines end it at once
 
     def _early_result(self, streams: Streams) -> SandboxResult | None:
         """The job's end as the runner's exit lines tell it, reported before gVisor's teardown.
