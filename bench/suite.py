@@ -54,12 +54,13 @@ class Plan:
         self.sessions = 1 if quick else 3
         self.cells = 10 if quick else 200
         self.concurrency = (1, 4) if quick else (1, 4, 16)
+        self.rounds = 1 if quick else 3  # throughput: ours and raw take turns this many times
 
-    def jobs_at(self, runtime: str, concurrency: int) -> int:
-        """How many jobs a throughput case runs: enough for a steady rate, not minutes."""
+    def jobs_per_round(self, runtime: str, concurrency: int) -> int:
+        """Jobs in one throughput round: some waves of `concurrency`, for a steady rate."""
         if self.quick:
             return 2 * concurrency
-        base, per_client = {"gvisor": (8, 2), "bwrap": (30, 5)}[runtime]
+        base, per_client = {"gvisor": (4, 2), "bwrap": (10, 3)}[runtime]
         return base + per_client * concurrency
 
 
@@ -246,29 +247,50 @@ def _throughput(plan: Plan, runtime: str, raw_once: Callable[[], None]) -> dict[
         tenant_client(url) as http,
     ):
         jobs.completed(jobs.run_job(http, TRIVIAL))
+        job = lambda: jobs.completed(jobs.run_job(http, TRIVIAL))  # noqa: E731
         for c in plan.concurrency:
-            total = plan.jobs_at(runtime, c)
+            share = plan.jobs_per_round(runtime, c)
+            ours, theirs = _Spent(), _Spent()
             service_before = process_cpu_s(str(scratch / runtime))
-            busy = busy_cpu_s()
-            ours = rate(lambda: jobs.completed(jobs.run_job(http, TRIVIAL)), total, c)
-            ours_cpu = busy_cpu_s() - busy
+            # Ours and raw take turns, a share of the jobs each: this VM's speed drifts by the
+            # minute, and two long runs one after the other would each see a different machine.
+            for _ in range(plan.rounds):
+                ours.add(job, share, c)
+                theirs.add(raw_once, share, c)
             service = _spent(service_before, scratch / runtime)
-            busy = busy_cpu_s()
-            theirs = rate(raw_once, total, c)
-            theirs_cpu = busy_cpu_s() - busy
             out[f"c{c}"] = {
-                "jobs_per_s": ours,
-                "raw_per_s": theirs,
-                "ratio": ratio(ours, theirs),
+                "jobs_per_s": ours.rate(),
+                "raw_per_s": theirs.rate(),
+                "ratio": ratio(ours.rate(), theirs.rate()),
                 # Where the two cores went, per job: the whole machine, and of that the API's
                 # and the worker's own Python (the rest: runsc, the kernel, this client).
-                "cpu_ms_per_job": round(ours_cpu / total * 1000, 1),
-                "raw_cpu_ms_per_start": round(theirs_cpu / total * 1000, 1),
-                **{f"{role}_cpu_ms_per_job": round(s / total * 1000, 1) for role, s in service},
+                "cpu_ms_per_job": ours.cpu_ms_per_action(),
+                "raw_cpu_ms_per_start": theirs.cpu_ms_per_action(),
+                **{f"{role}_cpu_ms_per_job": round(s / ours.done * 1000, 1) for role, s in service},
             }
         if runtime == "bwrap":
             out["egress_job"] = _egress_probe(http)
     return out
+
+
+class _Spent:
+    """Actions done, wall seconds and machine CPU seconds, summed over rounds."""
+
+    def __init__(self) -> None:
+        self.done, self.wall_s, self.cpu_s = 0, 0.0, 0.0
+
+    def add(self, action: Callable[[], object], count: int, concurrency: int) -> None:
+        busy = busy_cpu_s()
+        per_s = rate(action, count, concurrency)
+        self.cpu_s += busy_cpu_s() - busy
+        self.done += count
+        self.wall_s += count / per_s
+
+    def rate(self) -> float:
+        return round(self.done / self.wall_s, 2)
+
+    def cpu_ms_per_action(self) -> float:
+        return round(self.cpu_s / self.done * 1000, 1)
 
 
 def _spent(before: dict[str, float], data_dir: Path) -> list[tuple[str, float]]:
