@@ -2,6 +2,7 @@
 
 import base64
 import secrets
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
@@ -344,3 +345,28 @@ def test_outputs_of_a_page_of_jobs_match_each_jobs_own_reads(store: SqlStore) ->
         assert found[job_id] == (store.list_artifacts(job_id), store.job_stages(job_id))
     assert [a.path for a in found[made.id][0]] == ["a.csv", "b.png"]
     assert [s["name"] for s in found[staged.id][1]] == ["clean"] and found[idle.id] == ([], [])
+
+
+def test_housekeeping_with_nothing_due_never_waits_for_the_write_lock(tmp_path: Path) -> None:
+    """It runs every second on every worker; on SQLite a write transaction would queue behind
+    the API's writers (and they behind it) just to find that nothing is due."""
+    store = sqlite_store(tmp_path / "busy.db")
+    writer = sqlite3.connect(tmp_path / "busy.db", isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process holds the write lock meanwhile
+    answers: list[object] = []
+
+    def housekeeping() -> None:
+        now = time.time()
+        answers.append(store.purge_idempotency_keys(now - 60))
+        answers.append(store.expire_unstarted(now))
+        answers.append(store.fail_lost_jobs(now))
+        answers.append(store.fail_orphan_sessions([], now))
+
+    worker = threading.Thread(target=housekeeping, daemon=True)
+    worker.start()
+    worker.join(5)  # the store's busy timeout is 30 s: a write would still be waiting
+    alive = worker.is_alive()
+    writer.execute("ROLLBACK")
+    writer.close()
+    worker.join(35)
+    assert not alive and answers == [0, [], [], []]
