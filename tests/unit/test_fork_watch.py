@@ -1,6 +1,8 @@
 """The fork watch counts the sentry's refused forks, and nothing else, from its FIFO."""
 
 import os
+import threading
+import time
 from pathlib import Path
 
 from sandcell.runtime.fork_watch import ForkWatch
@@ -31,6 +33,22 @@ def test_no_lines_is_no_refusal_and_stop_is_idempotent(tmp_path: Path) -> None:
     watch.start()
     assert watch.stop() == 0
     assert watch.stop() == 0
+
+
+def test_stop_wakes_a_watch_blocked_on_a_silent_fifo(tmp_path: Path) -> None:
+    """The watch waits without a timeout (no wake-ups while nothing happens): stop() alone
+    must end that wait, and the lines written before it still count."""
+    watch = ForkWatch(tmp_path / "forks.fifo")
+    watch.start()
+    writer = os.open(watch.fifo, os.O_WRONLY)
+    os.write(writer, REFUSED)
+    time.sleep(0.3)  # read, and blocked again on silence
+    counted: list[int] = []
+    stopper = threading.Thread(target=lambda: counted.append(watch.stop()), daemon=True)
+    stopper.start()
+    stopper.join(5)
+    os.close(writer)
+    assert not stopper.is_alive() and counted == [1]
 
 
 def test_flags_send_boot_strace_of_the_fork_family_to_the_fifo(tmp_path: Path) -> None:

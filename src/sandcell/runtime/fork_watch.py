@@ -16,7 +16,6 @@ from pathlib import Path
 TRACED = "clone,fork,vfork"
 # `[  10:  10] python3.11 X clone(…) = 0 (0x0) errno=11 (try again) (601µs)`: the exit line.
 REFUSED = re.compile(rb" X (?:clone|fork|vfork)\(.*\) = .* errno=11 \(")
-POLL_MS = 100
 CHUNK = 65536
 
 
@@ -65,7 +64,9 @@ class ForkWatch:
         partial = b""
         while True:
             stopping = self._stop.is_set()  # looked at before the last read: nothing is missed
-            events = poller.poll(0 if stopping else POLL_MS)
+            # Blocks until runsc writes or stop() writes to the wake pipe: a timeout would only
+            # wake this thread (one per running sandbox) for nothing.
+            events = poller.poll(0 if stopping else None)
             if any(fd == self._fd for fd, _ in events):
                 try:
                     data = os.read(self._fd, CHUNK)
