@@ -43,3 +43,38 @@ def test_stored_chunks_are_notified_for_log_followers_and_an_empty_flush_is_not(
     sink.output("stdout", b"ready\n")
     sink.flush()
     assert heard == [job.id] and [c.data for c in store.read_logs(job.id, -1)] == [b"ready\n"]
+
+
+def test_a_first_line_after_a_long_boot_is_held_like_any_other(api: Api) -> None:
+    """The flush clock starts with the first held chunk, not with the sink: a cold sandbox's
+    boot takes longer than LOG_FLUSH_S, and its first line must not cost a write of its own
+    when the job's end writes it a moment later anyway."""
+    alice = api.tenant("alice")
+    api.http.post("/v1/jobs", json={"code": "print('ready')"}, headers=alice)
+    store = api.services.store
+    job = store.claim_next("wrk_sink", time.time(), 30)
+    assert job is not None
+    sink = JobSink(store, api.blobs, job, job.fencing_token, f"{job.id}-{job.fencing_token}")
+    time.sleep(2 * LOG_FLUSH_S)  # the boot
+    sink.output("stdout", b"1\n")
+    assert store.read_logs(job.id, -1) == []  # held
+    logs, _ = sink.take_final()  # the end comes first: it takes the line with it
+    assert logs == [("stdout", b"1\n")]
+    time.sleep(2 * LOG_FLUSH_S)
+    assert store.read_logs(job.id, -1) == []  # and no timer wrote it meanwhile
+
+
+def test_a_steady_stream_is_written_every_flush_interval(api: Api) -> None:
+    alice = api.tenant("alice")
+    api.http.post("/v1/jobs", json={"code": "print('ready')"}, headers=alice)
+    store = api.services.store
+    job = store.claim_next("wrk_sink", time.time(), 30)
+    assert job is not None
+    sink = JobSink(store, api.blobs, job, job.fencing_token, f"{job.id}-{job.fencing_token}")
+    started = time.monotonic()
+    while time.monotonic() - started < 3 * LOG_FLUSH_S:
+        sink.output("stdout", b"x")
+        time.sleep(LOG_FLUSH_S / 10)
+    written = store.read_logs(job.id, -1)
+    assert 2 <= len(written) <= 4  # about one chunk per interval, not one per line
+    sink.flush()

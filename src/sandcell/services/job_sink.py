@@ -71,7 +71,10 @@ class JobSink:
         self._lock = threading.Lock()
         self._pending: list[tuple[str, bytearray]] = []
         self._pending_bytes = 0
-        self._flushed_at = time.monotonic()
+        # When the oldest chunk not yet written arrived: no chunk waits longer than
+        # LOG_FLUSH_S, and a job's first output (a cold boot after the sink was made) is not
+        # written on its own at once, only to be followed by the end's write a moment later.
+        self._held_since = 0.0
         self._timer: threading.Timer | None = None
 
     def _staged(self) -> set[tuple[str, str]]:
@@ -137,12 +140,14 @@ class JobSink:
         if self.abandoned.is_set():
             return
         with self._lock:
+            if not self._pending:
+                self._held_since = time.monotonic()
             if self._pending and self._pending[-1][0] == stream:
                 self._pending[-1][1].extend(data)
             else:
                 self._pending.append((stream, bytearray(data)))
             self._pending_bytes += len(data)
-            due = time.monotonic() - self._flushed_at > LOG_FLUSH_S
+            due = time.monotonic() - self._held_since > LOG_FLUSH_S
             if self._pending_bytes >= LOG_FLUSH_BYTES or due:
                 self._flush_locked()
             elif self._timer is None:
@@ -176,7 +181,6 @@ class JobSink:
         if self._pending and self.notifier is not None:
             self.notifier.notify(JOB_LOGS, self.job.id)
         self._pending, self._pending_bytes = [], 0
-        self._flushed_at = time.monotonic()
 
     def _append_log(self, stream: str, chunk: bytes) -> None:
         self._patiently(lambda: self.store.append_log(self.job.id, self.token, stream, chunk))
