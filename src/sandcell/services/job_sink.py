@@ -29,8 +29,9 @@ log = logging.getLogger("sandcell.worker")
 LOG_FLUSH_BYTES = 64 * 1024
 LOG_FLUSH_S = 0.2
 # The start (started_at, sandbox) is written this long after the ready line: a job that ends
-# sooner has it written with its end, one store write fewer before its result.
-STARTED_WRITE_S = 0.05
+# sooner has it written with its end, one store write fewer. A cold gVisor job's interpreter
+# starts after its ready line, so a short one runs 0.05-0.2 s past it (a busy host: longer).
+STARTED_WRITE_S = 0.25
 T = TypeVar("T")
 
 
