@@ -147,6 +147,36 @@ def test_job_end_takes_a_wake_up_for_every_job() -> None:
     assert asyncio.run(scenario()) < 0.5
 
 
+def test_a_submit_listening_before_its_job_exists_misses_no_end() -> None:
+    """`POST /v1/jobs?wait=` listens before the job is accepted, so it needs no read to learn
+    whether the end came first: an end heard before the id is known still counts, another
+    job's does not."""
+
+    async def scenario() -> tuple[float, float]:
+        notifier = LocalNotifier()
+        loop = asyncio.get_running_loop()
+        with JobEnd(notifier, None) as end:
+            notifier.notify(JOB_DONE, "job_2")  # while the submit runs: another job's end
+            notifier.notify(JOB_DONE, "job_1")  # ...and its own, before the id is known
+            await asyncio.sleep(0.05)  # delivered
+            end.expect("job_1")
+            started = loop.time()
+            await end.wait(10)
+            ours = loop.time() - started
+        with JobEnd(notifier, None) as other:
+            notifier.notify(JOB_DONE, "job_2")
+            await asyncio.sleep(0.05)
+            other.expect("job_1")
+            started = loop.time()
+            await other.wait(0.2)
+            theirs = loop.time() - started
+        return ours, theirs
+
+    ours, theirs = asyncio.run(scenario())
+    assert ours < 0.05
+    assert theirs == pytest.approx(0.2, abs=0.1)
+
+
 class _Heard:
     def __init__(self) -> None:
         self.heard: list[str] = []

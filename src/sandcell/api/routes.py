@@ -111,11 +111,21 @@ async def submit_job(
 ) -> JobOut:
     """Accept a job (202; 200 for an Idempotency-Key replay). With `wait`, the answer comes
     once the job is terminal (or `wait` runs out): submit and result in one request."""
-    with request.app.state.ack_histogram.time():  # the acknowledgement, not the wait
-        job = await to_thread.run_sync(_submit, svc, who, body, response, idempotency_key)
-    if wait and not job.state.is_terminal:
-        return await _until_terminal(svc, who, job.id, wait)
-    return await to_thread.run_sync(_job_out, svc, job)
+
+    async def accept() -> Job:
+        with request.app.state.ack_histogram.time():  # the acknowledgement, not the wait
+            return await to_thread.run_sync(_submit, svc, who, body, response, idempotency_key)
+
+    if not wait:
+        return await to_thread.run_sync(_job_out, svc, await accept())
+    # Listening before the job exists: its end cannot pass unheard, so unlike a GET's wait
+    # this one needs no read to learn whether the job ended before the listening began.
+    with JobEnd(svc.jobs.notifier, None) as end:
+        job = await accept()
+        if job.state.is_terminal:  # an Idempotency-Key replay of a finished job
+            return await to_thread.run_sync(_job_out, svc, job)
+        end.expect(job.id)
+        return await _await_end(svc, who, job, end, wait)
 
 
 def _submit(
@@ -160,17 +170,21 @@ async def get_job(
 
 
 async def _until_terminal(svc: Svc, who: Caller, job_id: str, wait: float) -> JobOut:
-    """Re-read the job when a notification says it ended (or every FALLBACK_S) until `wait`."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
     with JobEnd(svc.jobs.notifier, job_id) as end:
         # Read once listening: the job may have ended just before.
         job = await to_thread.run_sync(svc.jobs.get, who, job_id)
-        while not job.state.is_terminal and (left := deadline - loop.time()) > 0:
-            await end.wait(left)
-            job, out = await to_thread.run_sync(_read_out, svc, who, job_id)
-            if out is not None:
-                return out  # read and rendered in one trip to the thread pool
+        return await _await_end(svc, who, job, end, wait)
+
+
+async def _await_end(svc: Svc, who: Caller, job: Job, end: JobEnd, wait: float) -> JobOut:
+    """Re-read the job when a notification says it ended (or every FALLBACK_S) until `wait`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while not job.state.is_terminal and (left := deadline - loop.time()) > 0:
+        await end.wait(left)
+        job, out = await to_thread.run_sync(_read_out, svc, who, job.id)
+        if out is not None:
+            return out  # read and rendered in one trip to the thread pool
     return await to_thread.run_sync(_job_out, svc, job)
 
 
