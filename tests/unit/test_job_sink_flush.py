@@ -2,8 +2,10 @@
 
 import time
 
+import pytest
+
 from sandcell.ports.notify import JOB_LOGS, LocalNotifier
-from sandcell.services.job_sink import LOG_FLUSH_S, JobSink
+from sandcell.services.job_sink import LOG_FLUSH_S, STARTED_WRITE_S, JobSink
 from tests.conftest import Api
 
 
@@ -78,3 +80,30 @@ def test_a_steady_stream_is_written_every_flush_interval(api: Api) -> None:
     written = store.read_logs(job.id, -1)
     assert 2 <= len(written) <= 4  # about one chunk per interval, not one per line
     sink.flush()
+
+
+def test_output_shown_means_the_start_is_shown(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The start is written late (STARTED_WRITE_S) to spare short jobs a write, but never
+    after the first log chunk: a record whose logs show output says where it runs."""
+    alice = api.tenant("alice")
+    api.http.post("/v1/jobs", json={"code": "print('ready')"}, headers=alice)
+    store = api.services.store
+    job = store.claim_next("wrk_sink", time.time(), 30)
+    assert job is not None
+    writes: list[str] = []
+    mark_started = store.mark_started
+    monkeypatch.setattr(
+        store, "mark_started", lambda *args: writes.append(args[0]) or mark_started(*args)
+    )
+    sandbox_id = f"{job.id}-{job.fencing_token}"
+    sink = JobSink(store, api.blobs, job, job.fencing_token, sandbox_id)
+    sink.ready()
+    sink.output("stdout", b"ready\n")
+    sink.flush()  # the logs go out before STARTED_WRITE_S has passed
+    assert [c.data for c in store.read_logs(job.id, -1)] == [b"ready\n"]
+    record = store.get_job(job.tenant_id, job.id)
+    assert record is not None and record.sandbox_id == sandbox_id
+    assert record.started_at == sink.started_at
+    time.sleep(STARTED_WRITE_S * 1.5)  # the timer finds it written: no second write
+    assert writes == [job.id]
+    sink.settle()

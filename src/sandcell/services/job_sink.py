@@ -28,9 +28,10 @@ from sandcell.services.patience import patiently
 log = logging.getLogger("sandcell.worker")
 LOG_FLUSH_BYTES = 64 * 1024
 LOG_FLUSH_S = 0.2
-# The start (started_at, sandbox) is written this long after the ready line: a job that ends
-# sooner has it written with its end, one store write fewer. A cold gVisor job's interpreter
-# starts after its ready line, so a short one runs 0.05-0.2 s past it (a busy host: longer).
+# The start (started_at, sandbox) is written this long after the ready line, or with the
+# first log chunk if that comes sooner (a record whose logs show output says where it runs): a
+# job that ends sooner has it written with its end, one store write fewer. A cold gVisor job's
+# interpreter starts after its ready line, so a short one runs 0.05-0.2 s past it.
 STARTED_WRITE_S = 0.25
 T = TypeVar("T")
 
@@ -57,6 +58,7 @@ class JobSink:
         self.patience_s = patience_s
         self.started_at: float | None = None
         self._started_timer: threading.Timer | None = None
+        self._start_written = False
         self._started_lock = threading.Lock()  # the start's write against `settle`
         self._settled = False
         # Who settles the job on an early result; None: the runtime's return settles it.
@@ -106,7 +108,10 @@ class JobSink:
 
     def _write_started(self) -> None:
         with self._started_lock:
-            if self._settled or self.abandoned.is_set() or self.store_lost.is_set():
+            if self._start_written or self._settled:
+                return
+            self._start_written = True
+            if self.abandoned.is_set() or self.store_lost.is_set():
                 return
             at, digest, sandbox_id = self.started_at or time.time(), self._digest(), self.sandbox_id
             with contextlib.suppress(SandcellError):  # the job's end writes it, or says why not
@@ -177,6 +182,8 @@ class JobSink:
             self._timer = None
         if self.abandoned.is_set():
             self._pending, self._pending_bytes = [], 0
+        if self._pending and self.started_at is not None:
+            self._write_started()  # before the logs: output shown means the start is too
         for stream, data in self._pending:
             self._append_log(stream, bytes(data))
         if self._pending and self.notifier is not None:
