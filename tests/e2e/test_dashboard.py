@@ -194,10 +194,13 @@ def job_row_state(driver: WebDriver, job_id: str) -> str | None:
     return rows[0].get_attribute("data-state") if rows else None
 
 
-def log_text(driver: WebDriver, contains: str, timeout: float = 60) -> str:
+def log_text(driver: WebDriver, *contains: str, timeout: float = 60) -> str:
+    """The job page's log once it shows every one of `contains` (stdout and stderr are
+    streamed as they are stored: one may show a moment before the other)."""
+
     def ready(d: WebDriver) -> str | None:
         text = d.execute_script("return document.getElementById('job-log')?.textContent")
-        return text if text and contains in text else None
+        return text if text and all(part in text for part in contains) else None
 
     found: str = wait_for(driver, ready, timeout)
     return found
@@ -295,7 +298,7 @@ def test_a_hostile_log_is_shown_as_text_and_nothing_in_it_runs(
     sign_in(browser, server, alice["key"])
     job = cli_submit(server, alice["key"], HOSTILE, tmp_path)
     browser.get(f"{server.url}/ui/#/jobs/{job['id']}")
-    text = log_text(browser, "not bold", 90)
+    text = log_text(browser, "not bold", "window.__pwned = 1;", "after-osc", timeout=90)
     time.sleep(1)  # give anything that could run the chance to
     assert browser.title == "sandcell"
     assert browser.execute_script("return window.__pwned") is None
