@@ -190,8 +190,14 @@ def cli_submit(server: Server, key: str, code: str, tmp_path: Path) -> dict[str,
 
 
 def job_row_state(driver: WebDriver, job_id: str) -> str | None:
-    rows = driver.find_elements(By.CSS_SELECTOR, f'tr.job-row[data-job-id="{job_id}"]')
-    return rows[0].get_attribute("data-state") if rows else None
+    # Looked up and read in one script: the list re-renders its rows while jobs update, so
+    # an element found first could be stale by the time it is read.
+    state: str | None = driver.execute_script(
+        "const row = document.querySelector(arguments[0]);"
+        "return row ? row.getAttribute('data-state') : null;",
+        f'tr.job-row[data-job-id="{job_id}"]',
+    )
+    return state
 
 
 def log_text(driver: WebDriver, *contains: str, timeout: float = 60) -> str:
