@@ -40,14 +40,20 @@ def inodes_for(disk_mb: int) -> int:
     return max(MIN_INODES, disk_mb * INODES_PER_MB)
 
 
-def make_ext4(image: Path, disk_mb: int) -> None:
+def make_ext4(
+    image: Path,
+    disk_mb: int,
+    options: tuple[str, ...] = MKFS_OPTIONS,
+    timeout_s: float = COMMAND_TIMEOUT_S,
+) -> None:
     """Format a new image at `image`, under a temporary name until it is whole: a crash never
     leaves a half-made one where a finished one is expected."""
     partial = image.with_name(f".{image.name}.{secrets.token_hex(4)}.partial")
     try:
         with open(partial, "wb") as img:
             img.truncate(disk_mb * MiB)
-        run_tool("mkfs.ext4", *MKFS_OPTIONS, "-N", str(inodes_for(disk_mb)), str(partial))
+        inodes = str(inodes_for(disk_mb))
+        run_tool("mkfs.ext4", *options, "-N", inodes, str(partial), timeout_s=timeout_s)
         partial.chmod(0o600)
         os.replace(partial, image)
     finally:
@@ -124,10 +130,10 @@ def attach_loop(image: Path) -> str:
         os.close(control)
 
 
-def run_tool(*cmd: str) -> str:
-    """Run a host tool (mkfs, mount, e2fsck, …); its stdout, or ScratchError saying why not."""
+def run_tool(*cmd: str, timeout_s: float = COMMAND_TIMEOUT_S) -> str:
+    """Run a host tool (mkfs, mount, …); its stdout, or ScratchError saying why not."""
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise ScratchError(f"{cmd[0]} failed: {exc}") from exc
     if done.returncode != 0:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sandcell.runtime.ext4 import ScratchError, inodes_for
+from sandcell.runtime.ext4 import ScratchError, make_ext4, run_tool
 from sandcell.runtime.scratch import GUEST_UID, MOUNT_OPTIONS, Scratch, attached_loops
 
 VOLUME_NAME = "workspace.img"
@@ -50,7 +50,9 @@ class SessionScratch(Scratch):
             _format(self.volume, disk_mb)
         # `-o loop` sets the loop device to auto-clear: it goes away with the last unmount,
         # also when a crash left only a lazy unmount to do (see GVisorRuntime.reap).
-        _run("mount", "-t", "ext4", "-o", f"loop,{MOUNT_OPTIONS}", str(self.volume), str(self.disk))
+        options = f"loop,{MOUNT_OPTIONS}"
+        mount = ("mount", "-t", "ext4", "-o", options, str(self.volume), str(self.disk))
+        run_tool(*mount, timeout_s=COMMAND_TIMEOUT_S)
         self.loop_device = _loop_of(self.volume)
         for path in (self.workspace, self.output):
             path.mkdir(mode=0o755, exist_ok=True)
@@ -64,14 +66,8 @@ class SessionScratch(Scratch):
 
 
 def _format(volume: Path, disk_mb: int) -> None:
-    """Make the volume under a temporary name: a crash never leaves a half-made one in place."""
     volume.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    partial = volume.with_name(f".{volume.name}.partial")
-    with open(partial, "wb") as img:
-        img.truncate(disk_mb * 1024 * 1024)
-    _run("mkfs.ext4", *MKFS_OPTIONS, "-N", str(inodes_for(disk_mb)), str(partial))
-    partial.chmod(0o600)
-    os.replace(partial, volume)
+    make_ext4(volume, disk_mb, MKFS_OPTIONS, COMMAND_TIMEOUT_S)  # whole, or not there at all
 
 
 def _check(volume: Path) -> None:
@@ -87,12 +83,3 @@ def _check(volume: Path) -> None:
 
 def _loop_of(volume: Path) -> str | None:
     return next((dev for dev, f in attached_loops().items() if f == str(volume)), None)
-
-
-def _run(*cmd: str) -> None:
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise ScratchError(f"{cmd[0]} failed: {exc}") from exc
-    if done.returncode != 0:
-        raise ScratchError(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")
