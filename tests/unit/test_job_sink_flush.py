@@ -4,18 +4,28 @@ import time
 
 import pytest
 
+from sandcell.domain.records import Job
 from sandcell.ports.notify import JOB_LOGS, LocalNotifier
 from sandcell.services.job_sink import LOG_FLUSH_S, STARTED_WRITE_S, JobSink
 from tests.conftest import Api
 
 
-def test_a_line_that_nothing_follows_is_flushed_by_time(api: Api) -> None:
-    alice = api.tenant("alice")
-    api.http.post("/v1/jobs", json={"code": "print('ready')"}, headers=alice)
-    store = api.services.store
-    job = store.claim_next("wrk_sink", time.time(), 30)
+def _claimed_job(api: Api) -> Job:
+    """A job of a new tenant's, submitted and claimed as a worker would."""
+    api.http.post("/v1/jobs", json={"code": "print('ready')"}, headers=api.tenant("alice"))
+    job = api.services.store.claim_next("wrk_sink", time.time(), 30)
     assert job is not None
-    sink = JobSink(store, api.blobs, job, job.fencing_token, f"{job.id}-{job.fencing_token}")
+    return job
+
+
+def _sandbox_id(job: Job) -> str:
+    return f"{job.id}-{job.fencing_token}"
+
+
+def test_a_line_that_nothing_follows_is_flushed_by_time(api: Api) -> None:
+    store = api.services.store
+    job = _claimed_job(api)
+    sink = JobSink(store, api.blobs, job, job.fencing_token, _sandbox_id(job))
     sink.output("stdout", b"ready\n")  # at once: younger than LOG_FLUSH_S, so it is held
     assert store.read_logs(job.id, -1) == []
     deadline = time.monotonic() + 20 * LOG_FLUSH_S
@@ -29,17 +39,12 @@ def test_a_line_that_nothing_follows_is_flushed_by_time(api: Api) -> None:
 def test_stored_chunks_are_notified_for_log_followers_and_an_empty_flush_is_not(
     api: Api,
 ) -> None:
-    alice = api.tenant("alice")
-    api.http.post("/v1/jobs", json={"code": "print('ready')"}, headers=alice)
     store = api.services.store
-    job = store.claim_next("wrk_sink", time.time(), 30)
-    assert job is not None
+    job = _claimed_job(api)
     notifier = LocalNotifier()
     heard: list[str] = []
     notifier.listen(JOB_LOGS, heard.append)
-    sink = JobSink(
-        store, api.blobs, job, job.fencing_token, f"{job.id}-{job.fencing_token}", notifier=notifier
-    )
+    sink = JobSink(store, api.blobs, job, job.fencing_token, _sandbox_id(job), notifier=notifier)
     sink.flush()
     assert heard == []  # nothing was stored
     sink.output("stdout", b"ready\n")
@@ -51,12 +56,9 @@ def test_a_first_line_after_a_long_boot_is_held_like_any_other(api: Api) -> None
     """The flush clock starts with the first held chunk, not with the sink: a cold sandbox's
     boot takes longer than LOG_FLUSH_S, and its first line must not cost a write of its own
     when the job's end writes it a moment later anyway."""
-    alice = api.tenant("alice")
-    api.http.post("/v1/jobs", json={"code": "print('ready')"}, headers=alice)
     store = api.services.store
-    job = store.claim_next("wrk_sink", time.time(), 30)
-    assert job is not None
-    sink = JobSink(store, api.blobs, job, job.fencing_token, f"{job.id}-{job.fencing_token}")
+    job = _claimed_job(api)
+    sink = JobSink(store, api.blobs, job, job.fencing_token, _sandbox_id(job))
     time.sleep(2 * LOG_FLUSH_S)  # the boot
     sink.output("stdout", b"1\n")
     assert store.read_logs(job.id, -1) == []  # held
@@ -67,12 +69,9 @@ def test_a_first_line_after_a_long_boot_is_held_like_any_other(api: Api) -> None
 
 
 def test_a_steady_stream_is_written_every_flush_interval(api: Api) -> None:
-    alice = api.tenant("alice")
-    api.http.post("/v1/jobs", json={"code": "print('ready')"}, headers=alice)
     store = api.services.store
-    job = store.claim_next("wrk_sink", time.time(), 30)
-    assert job is not None
-    sink = JobSink(store, api.blobs, job, job.fencing_token, f"{job.id}-{job.fencing_token}")
+    job = _claimed_job(api)
+    sink = JobSink(store, api.blobs, job, job.fencing_token, _sandbox_id(job))
     started = time.monotonic()
     while time.monotonic() - started < 3 * LOG_FLUSH_S:
         sink.output("stdout", b"x")
@@ -85,17 +84,14 @@ def test_a_steady_stream_is_written_every_flush_interval(api: Api) -> None:
 def test_output_shown_means_the_start_is_shown(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
     """The start is written late (STARTED_WRITE_S) to spare short jobs a write, but never
     after the first log chunk: a record whose logs show output says where it runs."""
-    alice = api.tenant("alice")
-    api.http.post("/v1/jobs", json={"code": "print('ready')"}, headers=alice)
     store = api.services.store
-    job = store.claim_next("wrk_sink", time.time(), 30)
-    assert job is not None
+    job = _claimed_job(api)
     writes: list[str] = []
     mark_started = store.mark_started
     monkeypatch.setattr(
         store, "mark_started", lambda *args: writes.append(args[0]) or mark_started(*args)
     )
-    sandbox_id = f"{job.id}-{job.fencing_token}"
+    sandbox_id = _sandbox_id(job)
     sink = JobSink(store, api.blobs, job, job.fencing_token, sandbox_id)
     sink.ready()
     sink.output("stdout", b"ready\n")
