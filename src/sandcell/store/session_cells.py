@@ -8,35 +8,38 @@ distinct, increasing numbers on both backends.
 from dataclasses import asdict, replace
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
 
 from sandcell.domain.cells import SessionCell
 from sandcell.domain.errors import NotFound
 from sandcell.store.schema import session_cells, sessions
 
+# Built once: every cell is recorded on the request that ran it, and building these statements
+# cost more CPU than running them on SQLite (0.64 ms a cell before, measured in-process).
+_TOUCH = (
+    update(sessions)
+    .where(sessions.c.id == bindparam("session"), sessions.c.tenant_id == bindparam("tenant"))
+    .values(last_used_at=bindparam("at"), executions=sessions.c.executions + 1)
+)
+_LAST_SEQ = select(func.coalesce(func.max(session_cells.c.seq), 0)).where(
+    session_cells.c.session_id == bindparam("session")
+)
+_INSERT = insert(session_cells)
+_FORGET = delete(session_cells).where(
+    session_cells.c.session_id == bindparam("session"),
+    session_cells.c.seq <= bindparam("oldest_gone"),
+)
+
 
 def add(conn: Connection, cell: SessionCell, keep: int) -> SessionCell:
-    touched = conn.execute(
-        update(sessions)
-        .where(sessions.c.id == cell.session_id, sessions.c.tenant_id == cell.tenant_id)
-        .values(last_used_at=cell.finished_at, executions=sessions.c.executions + 1)
-    )
+    key = {"session": cell.session_id}
+    touched = conn.execute(_TOUCH, key | {"tenant": cell.tenant_id, "at": cell.finished_at})
     if touched.rowcount == 0:
         raise NotFound("no such session")
-    last = conn.execute(
-        select(func.coalesce(func.max(session_cells.c.seq), 0)).where(
-            session_cells.c.session_id == cell.session_id
-        )
-    ).scalar_one()
-    numbered = replace(cell, seq=int(last) + 1)
-    conn.execute(insert(session_cells).values(**asdict(numbered)))
+    numbered = replace(cell, seq=int(conn.execute(_LAST_SEQ, key).scalar_one()) + 1)
+    conn.execute(_INSERT, asdict(numbered))
     if numbered.seq > keep:
-        conn.execute(
-            delete(session_cells).where(
-                session_cells.c.session_id == cell.session_id,
-                session_cells.c.seq <= numbered.seq - keep,
-            )
-        )
+        conn.execute(_FORGET, key | {"oldest_gone": numbered.seq - keep})
     return numbered
 
 
