@@ -3,6 +3,7 @@
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -11,6 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+
+from sandcell.remote.session_client import NODELAY, TOKEN_HEADER
 
 ADMIN = "bench-admin-key-0123456789abcdef"
 READY_TIMEOUT_S = 180
@@ -89,6 +92,15 @@ def tenant_client(url: str) -> httpx.Client:
 
 
 def client_for(url: str, key: str) -> httpx.Client:
-    nodelay = httpx.HTTPTransport(socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+    nodelay = httpx.HTTPTransport(socket_options=[NODELAY])
     headers = {"Authorization": f"Bearer {key}"}
     return httpx.Client(base_url=url, headers=headers, timeout=120, transport=nodelay)
+
+
+def worker_client(data_dir: Path) -> httpx.Client:
+    """The worker's internal endpoint, as the API reaches it (its URL is in the store)."""
+    with sqlite3.connect(data_dir / "sandcell.db") as db:
+        [(url,)] = db.execute("SELECT url FROM workers WHERE url IS NOT NULL").fetchall()
+    token = (data_dir / "internal.token").read_text().strip()
+    transport = httpx.HTTPTransport(socket_options=[NODELAY])
+    return httpx.Client(base_url=url, headers={TOKEN_HEADER: token}, transport=transport)

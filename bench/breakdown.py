@@ -11,7 +11,6 @@ for one `python-data` session, an empty request, an authenticated read, the work
 
 import argparse
 import json
-import sqlite3
 import tempfile
 import threading
 import time
@@ -21,14 +20,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench import _http
 from bench._baselines import bare_python, summary, timed
-from bench._server import UNLIMITED, server, tenant_client
+from bench._server import UNLIMITED, server, tenant_client, worker_client
 from bench.pool import IMAGE_DIR, Sink, pooled_runtime, spec, wait_ready
 from sandcell.ports.runtime import SandboxResult, SandboxSpec
-from sandcell.remote.session_client import NODELAY, TOKEN_HEADER
 from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.runtime.sandbox import SandboxRun
@@ -125,7 +121,7 @@ def session_path(cells: int) -> dict[str, Any]:
         data_dir = Path(tmp) / "data"
         with server(data_dir, env) as url, tenant_client(url) as http:
             sid, _, _ = _http.session_first_result(http, "python-data")
-            with _worker_client(data_dir) as worker:
+            with worker_client(data_dir) as worker:
                 direct = {"code": "1+1", "timeout_s": 30}
                 return {
                     "empty_request_ms": summary(timed(lambda: http.get("/healthz"), cells)),
@@ -142,15 +138,6 @@ def session_path(cells: int) -> dict[str, Any]:
                         timed(lambda: _http.execute(http, sid, "1+1"), cells)
                     ),
                 }
-
-
-def _worker_client(data_dir: Path) -> httpx.Client:
-    """The worker's internal endpoint, as the API reaches it (its URL is in the store)."""
-    with sqlite3.connect(data_dir / "sandcell.db") as db:
-        [(url,)] = db.execute("SELECT url FROM workers WHERE url IS NOT NULL").fetchall()
-    token = (data_dir / "internal.token").read_text().strip()
-    transport = httpx.HTTPTransport(socket_options=[NODELAY])
-    return httpx.Client(base_url=url, headers={TOKEN_HEADER: token}, transport=transport)
 
 
 def main() -> None:

@@ -34,7 +34,7 @@ from bench._baselines import (
     summary,
     timed,
 )
-from bench._server import IMAGE_DIR, UNLIMITED, server, tenant_client
+from bench._server import IMAGE_DIR, UNLIMITED, server, tenant_client, worker_client
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.settings import Settings
 
@@ -198,14 +198,35 @@ def _sessions(plan: Plan, url: str, data_dir: Path, pooled: bool) -> dict[str, A
             firsts.append(first)
             from_pool += bool(http.get(f"/v1/sessions/{sid}").json().get("pooled"))
             if n == 0:
-                trips = timed(lambda sid=sid: jobs.execute(http, sid, "1+1"), plan.cells)
-                out["execute_1+1"] = summary(trips)
+                if pooled:  # the refill after this take is not what a cell costs
+                    _wait_for_pool(http, "sessions", "python-data")
+                out |= _round_trip(plan, http, data_dir, sid)
                 time.sleep(1)  # idle
                 out["idle_session_pss_mib"] = _per_sandbox(f"{data_dir}/session-sandboxes")
             http.delete(f"/v1/sessions/{sid}").raise_for_status()
     out["create"] = summary(creates)
     out["create_to_first_result"] = summary(firsts)
     out["sessions_from_pool"] = f"{from_pool}/{plan.sessions}"
+    return out
+
+
+def _round_trip(plan: Plan, http: Any, data_dir: Path, sid: str) -> dict[str, Any]:
+    """`1+1` over HTTP; beside it, from the same run, what any design with the API and the
+    sessions in two processes pays before it checks a key or records a cell: an empty request
+    to each (the API's `/healthz`, an unrouted path of the worker's) and the kernel's own round
+    trip (the worker's timing of the cell, in each answer)."""
+    kernel_ms: list[float] = []
+
+    def cell() -> None:
+        kernel_ms.append(jobs.execute(http, sid, "1+1")["duration_ms"])
+
+    out = {"execute_1+1": summary(timed(cell, plan.cells)), "kernel_1+1": summary(kernel_ms)}
+    out["empty_api_request"] = summary(timed(lambda: http.get("/healthz"), plan.cells))
+    with worker_client(data_dir) as worker:
+        empty = summary(timed(lambda: worker.get("/internal/none"), plan.cells))
+    out["empty_worker_request"] = empty
+    parts = ("empty_api_request", "empty_worker_request", "kernel_1+1")
+    out["two_process_floor_ms"] = round(sum(out[part]["median_ms"] for part in parts), 1)
     return out
 
 
