@@ -260,7 +260,8 @@ class BwrapRun(OneShotRun):
                     self.kill_reason = reason
                     self._kill()
                     return
-                select.select([exited], [], [], self._wait_s(streams))
+                if not self._waited_for_start(streams):
+                    select.select([exited], [], [], self._wait_s(streams))
         finally:
             os.close(exited)
 

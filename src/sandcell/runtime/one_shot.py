@@ -19,12 +19,11 @@ from sandcell.runtime.scratch import Scratch
 from sandcell.runtime.streams import Streams
 
 EXIT_WAIT_S = 5.0
-# How often the watch looks at the limits and `cancel`: often while the program starts (its
-# ready line, then its own CPU quota, should not wait), less once it runs. The exit ends every
-# wait at once; a look costs CPU for as long as the job runs, and on a busy host (16 jobs on 2
-# cores) jobs run for seconds: at 20 ms throughout, the watch's CPU grew with the load.
-TICK_S = 0.02
-RUNNING_TICK_S = 0.1
+# How often the watch looks at the limits and `cancel`. The ready line ends a wait at once (the
+# program's own CPU quota applies then), and so does the exit. A look costs CPU for as long as
+# the job starts and runs, and on a busy host (16 jobs on 2 cores) that is seconds: polled every
+# 20 ms, the watch's CPU grew with the load.
+TICK_S = 0.1
 
 
 class OneShotRun(ABC):
@@ -79,7 +78,15 @@ class OneShotRun(ABC):
         if streams.ready_at is None:
             return TICK_S
         left = streams.ready_at + self.limits.timeout_s - time.monotonic()
-        return max(0.0, min(RUNNING_TICK_S, left))
+        return max(0.0, min(TICK_S, left))
+
+    def _waited_for_start(self, streams: Streams) -> bool:
+        """While the program starts, wait for its ready line (or for stdout to end, as when it
+        never starts) rather than for the exit; False once that is decided."""
+        if streams.decided.is_set():
+            return False
+        streams.decided.wait(self._wait_s(streams))
+        return True
 
     def _usage_now(self) -> dict[str, float]:
         return self.usage | {"wall_s": round(time.monotonic() - self.started, 3)}

@@ -170,7 +170,8 @@ class SandboxRun(OneShotRun):
     def _tick(self, streams: Streams) -> None:
         # Waiting on a pidfd, not sleeping: the exit is seen at once, not up to a tick late,
         # and without `Popen.wait`'s polls (a waitpid and a sleep every few ms).
-        select.select([self.exited], [], [], self._wait_s(streams))
+        if not self._waited_for_start(streams):
+            select.select([self.exited], [], [], self._wait_s(streams))
 
     def _limit_crossed(self, streams: Streams) -> Reason | None:
         if self.cancel.is_set():

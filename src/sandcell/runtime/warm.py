@@ -309,7 +309,7 @@ class PooledRun(SandboxRun):
     def _tick(self, streams: Streams) -> None:
         if streams.ended.is_set():  # both pipes closed without exit lines: only the exit tells
             super()._tick(streams)
-        else:
+        elif not self._waited_for_start(streams):
             streams.ended.wait(self._wait_s(streams))  # the runner's exit lines end it at once
 
     def _early_result(self, streams: Streams) -> SandboxResult | None:
