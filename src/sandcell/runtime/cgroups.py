@@ -190,25 +190,31 @@ def children(parent: str, root: Path = CGROUP_ROOT) -> set[str]:
     return names
 
 
-def _read(path: Path | str) -> str:
-    """A cgroup file's text; "" if the cgroup is gone. Plain system calls, not open(): the
-    watch reads three of these every tick of every running sandbox, and a text file object
-    cost as much CPU again as the reads themselves."""
+def read_pseudo_file(path: Path | str) -> bytes:
+    """A kernel pseudo-file's bytes (a cgroup's, /proc's), with plain system calls rather than
+    open(): the watch reads three cgroup files every tick of every running sandbox, and every
+    release scans every host process's cmdline; a file object cost as much CPU again as the
+    reads themselves."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            chunks = []
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def _read(path: Path | str) -> str:
+    """A cgroup file's text; "" if the cgroup is gone."""
+    try:
+        return read_pseudo_file(path).decode()
     except FileNotFoundError:
         return ""
     except OSError as exc:
         if exc.errno == errno.ENODEV:  # a cgroup being removed under us
             return ""
         raise
-    return b"".join(chunks).decode()
 
 
 def _keyed(text: str) -> dict[str, int]:

@@ -70,17 +70,12 @@ def processes_mentioning(text: str) -> list[int]:
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        try:  # plain system calls: every release scans every host process once or more
-            fd = os.open(f"/proc/{entry.name}/cmdline", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            cmdline = cgroups.read_pseudo_file(f"/proc/{entry.name}/cmdline")
         except OSError:
             continue  # gone while we looked
-        try:
-            if needle in os.read(fd, 65536):  # a runsc command line is a few KiB
-                found.append(int(entry.name))
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
+        if needle in cmdline:
+            found.append(int(entry.name))
     return found
 
 
