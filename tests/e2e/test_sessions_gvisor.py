@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sandcell.runtime.cgroups import CONTROLLERS
+from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.session_runsc import CHECKPOINT_DIR, CHECKPOINT_FILE
 from tests.e2e.conftest import Server, host_processes_mentioning, running_server
 from tests.e2e.pool_metrics import pool_figure, wait_for_pool
@@ -358,6 +360,8 @@ def test_a_session_paused_by_a_server_restart_resumes_with_its_memory(
     assert host_processes_mentioning(sandbox_id) == []
     # Nor its warm pools' sandboxes and kernels: destroyed, never left running.
     assert host_processes_mentioning(str(data_dir)) == []
+    # Nor the parent cgroups of its runtimes (jobs' and sessions'): each removed its own.
+    assert _parent_cgroups(data_dir) == []
     with (
         running_server(data_dir, pki) as second,
         httpx.Client(base_url=second.url, headers=headers, timeout=120) as http,
@@ -368,6 +372,15 @@ def test_a_session_paused_by_a_server_restart_resumes_with_its_memory(
         assert _execute(http, sid, "x + 1")["result"] == "42"
         assert http.get(f"/v1/sessions/{sid}/files/kept.txt").content == b"kept"
         http.delete(f"/v1/sessions/{sid}")
+
+
+def _parent_cgroups(data_dir: Path) -> list[Path]:
+    """The parent cgroups of the server's runtimes on `data_dir` that exist on the host."""
+    parents = [
+        GVisorRuntime(data_dir / d).cgroup_parent for d in ("sandboxes", "session-sandboxes")
+    ]
+    found = [Path("/sys/fs/cgroup", c, parent) for parent in parents for c in CONTROLLERS]
+    return [path for path in found if path.exists()]
 
 
 def test_the_session_cli_starts_executes_saves_a_chart_and_stops(

@@ -24,6 +24,7 @@ from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.runtime import InputFile, SandboxSpec
+from sandcell.runtime.cgroups import CONTROLLERS
 from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.outputs import collect_outputs
 from tests.integration.conftest import (
@@ -440,6 +441,7 @@ import sys, threading
 from pathlib import Path
 from sandcell.domain.limits import Limits
 from sandcell.ports.runtime import SandboxSpec
+from sandcell.runtime.cgroups import CONTROLLERS
 from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.images import FilesystemImageCatalog
 from tests.integration.conftest import RecordingSink
@@ -481,6 +483,30 @@ def test_reap_removes_everything_a_crashed_worker_left(
     assert any(item.startswith("loop device /dev/loop") for item in removed)
     assert_released(runtime, sandbox_id)
     assert runtime.reap() == []
+
+
+def test_close_removes_the_parent_cgroup_once_nothing_is_under_it(
+    python_image: Image, tmp_path: Path
+) -> None:
+    """Each state dir has its own parent cgroup; without close, every scratch data dir (a test,
+    a bench) left one on the host for good."""
+    runtime = GVisorRuntime(tmp_path / "state")
+    runtime.check()
+    spec = SandboxSpec("t-closing", python_image, ["/bin/true"], GUEST_ENV, Limits())
+    assert runtime.run(spec, RecordingSink(), threading.Event()).exit_code == 0
+    parents = [Path("/sys/fs/cgroup", c, runtime.cgroup_parent) for c in CONTROLLERS]
+    assert all(parent.is_dir() for parent in parents)
+    still_running = [parent / "t-still-running" for parent in parents]
+    for cgroup in still_running:
+        cgroup.mkdir()
+    try:
+        runtime.close()  # a cgroup under it: the parent stays, the child is untouched
+        assert all(cgroup.is_dir() for cgroup in still_running)
+    finally:
+        for cgroup in still_running:
+            cgroup.rmdir()
+    runtime.close()
+    assert not any(parent.exists() for parent in parents)
 
 
 def test_check_fails_closed_without_runsc(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from sandcell.ports.egress import EgressAttachment
 from sandcell.ports.runtime import SandboxSpec
 from sandcell.runtime.bwrap import BwrapRuntime
 from sandcell.runtime.bwrap_run import processes_of_uid
+from sandcell.runtime.cgroups import CONTROLLERS
 from sandcell.runtime.reap import mounts_under
 from tests.integration.conftest import GUEST_ENV, IMAGE_DIR, RecordingSink
 from tests.security.conftest import RunCode, assert_released, processes_in_cgroup
@@ -324,3 +325,14 @@ def test_reap_removes_everything_a_killed_worker_left(bwrap: BwrapRuntime) -> No
     assert_released(runtime, sandbox_id)
     assert not processes_of_uid(runtime.uids.first)
     assert runtime.reap() == []
+
+
+def test_close_removes_the_parent_cgroup(bwrap: BwrapRuntime, python_image: Image) -> None:
+    runtime = BwrapRuntime(bwrap.state_dir / "closing")
+    runtime.check()
+    spec = SandboxSpec("b-closing", python_image, ["/bin/true"], GUEST_ENV, Limits())
+    assert runtime.run(spec, RecordingSink(), threading.Event()).exit_code == 0
+    parents = [Path("/sys/fs/cgroup", c, runtime.cgroup_parent) for c in CONTROLLERS]
+    assert all(parent.is_dir() for parent in parents)
+    runtime.close()
+    assert not any(parent.exists() for parent in parents)

@@ -101,7 +101,8 @@ class SandboxResult:
 
 @runtime_checkable
 class Closeable(Protocol):
-    """A runtime that holds something between runs (a warm pool): the worker closes it."""
+    """A runtime that holds something between runs (a warm pool, its parent cgroup): the worker
+    closes it once it is done with it."""
 
     def close(self) -> None: ...
 

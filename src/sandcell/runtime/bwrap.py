@@ -183,6 +183,10 @@ class BwrapRuntime:
         """
         return reap.reap_cgroups(self.cgroup_parent) + reap.reap_scratch(self.sandboxes_dir)
 
+    def close(self) -> None:
+        """The worker is done with this runtime (every run returned): its parent cgroup goes."""
+        reap.remove_parent(self.cgroup_parent)
+
     def _ensure_dirs(self) -> None:
         for path in (self.state_dir, self.sandboxes_dir):
             path.mkdir(mode=0o711, parents=True, exist_ok=True)

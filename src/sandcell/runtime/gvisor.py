@@ -21,7 +21,7 @@ from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime import cgroups
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
 from sandcell.runtime.ext4 import BlankDisks
-from sandcell.runtime.reap import reap_cgroups, reap_scratch
+from sandcell.runtime.reap import reap_cgroups, reap_scratch, remove_parent
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import SandboxRun
 from sandcell.runtime.scratch import Scratch, probe_loop_disk
@@ -95,6 +95,10 @@ class GVisorRuntime:
         removed += self._reap_cgroups()
         removed += self._reap_scratch()
         return removed
+
+    def close(self) -> None:
+        """The worker is done with this runtime (every run returned): its parent cgroup goes."""
+        remove_parent(self.cgroup_parent)
 
     def _ensure_dirs(self) -> None:
         for path in (self.state_dir, self.runsc.root, self.sandboxes_dir):

@@ -76,3 +76,4 @@ class PooledRuntime:
 
     def close(self) -> None:
         self.pool.close()
+        self.base.close()

@@ -24,9 +24,14 @@ def reap_cgroups(parent: str) -> list[str]:
         cgroup.kill_all()
         cgroup.remove()
         removed.append(f"cgroup {cgroup.relpath}")
-    # The parent too, now empty: one per state_dir would otherwise pile up (`run` remakes it).
-    SandboxCgroup(parent).remove(timeout_s=0)
+    remove_parent(parent)
     return removed
+
+
+def remove_parent(parent: str) -> None:
+    """Remove `parent` if no cgroup is left under it: one per state_dir would otherwise pile up
+    on the host (a runtime's next sandbox makes it again)."""
+    SandboxCgroup(parent).remove(timeout_s=0)
 
 
 def reap_scratch(sandboxes_dir: Path) -> list[str]:

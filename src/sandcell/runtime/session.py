@@ -89,6 +89,10 @@ class GVisorSessionRuntime:
         """After a crash: remove every sandbox of this state_dir (volumes live elsewhere)."""
         return self.base.reap()
 
+    def close(self) -> None:
+        """The worker is done with sessions (none is left running): the parent cgroup goes."""
+        self.base.close()
+
     def start(self, spec: SessionSpec) -> GVisorSession:
         session = self._new(spec)
         self._boot(session, checkpoint=None)

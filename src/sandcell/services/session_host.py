@@ -16,6 +16,7 @@ from sandcell.domain.limits import Limits
 from sandcell.domain.sessions import Session, SessionState
 from sandcell.ports.egress import Egress, EgressSession
 from sandcell.ports.images import ImageCatalog
+from sandcell.ports.runtime import Closeable
 from sandcell.ports.session_hosts import HttpReply, StreamItem
 from sandcell.ports.sessions import (
     CellEvent,
@@ -119,9 +120,12 @@ class LocalSessionHost:
         return self.pool.pool_figures() if self.pool is not None else {}
 
     def close(self) -> None:
-        """The worker is ending: its pooled kernels go (live sessions were paused first)."""
+        """The worker is ending: its pooled kernels go (live sessions were paused first), then
+        what the runtime holds on the host."""
         if self.pool is not None:
             self.pool.close()
+        if isinstance(self.runtime, Closeable):
+            self.runtime.close()
 
     def _spec(self, session: Session, image: Image, egress: EgressSession | None) -> SessionSpec:
         env = BASE_ENV | {"SANDCELL_SESSION_ID": session.id} | session.spec.get("env", {})
