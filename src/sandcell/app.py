@@ -173,10 +173,10 @@ def with_warm_pool(settings: Settings, runtime: Runtime) -> Runtime:
     The pool starts filling when the worker reaps (the start of `Worker.serve`).
     """
     from sandcell.runtime.gvisor import GVisorRuntime
-    from sandcell.runtime.pool import PoolConfig, WarmPool, parse_sizes
+    from sandcell.runtime.pool import PoolConfig, WarmPool
     from sandcell.runtime.pooled import PooledRuntime, warm_factory
 
-    sizes = parse_sizes(settings.pool_size)
+    sizes = settings.pool_sizes
     if not isinstance(runtime, GVisorRuntime) or not any(sizes.values()):
         return runtime
     config = PoolConfig(
@@ -262,12 +262,12 @@ def build_session_pool(
 ) -> SessionPool | None:
     """Pre-started session kernels when SANDCELL_SESSION_POOL_SIZE asks for any; they live
     next to the sessions' state dirs (a take-over renames one into place)."""
-    from sandcell.runtime.pool import PoolConfig, parse_sizes
+    from sandcell.runtime.pool import PoolConfig
     from sandcell.runtime.session_pool import SESSION_PRELOADS, SessionPool
 
     sizes = {
         name: size
-        for name, size in parse_sizes(settings.session_pool_size).items()
+        for name, size in settings.session_pool_sizes.items()
         if size and _can_host_kernels(images, name)
     }
     if not sizes:

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from sandcell.domain.limits import Limits
@@ -75,6 +75,20 @@ class Settings(BaseSettings):
     session_pool_size: str = "python-data=1"
     session_pool_memory_mb: int = 512  # every pooled kernel together, measured
 
+    @field_validator("pool_size", "session_pool_size")
+    @classmethod
+    def _pool_sizes_parse(cls, text: str) -> str:
+        parse_pool_sizes(text)  # a malformed size stops serve and the worker before they start
+        return text
+
+    @property
+    def pool_sizes(self) -> dict[str, int]:
+        return parse_pool_sizes(self.pool_size)
+
+    @property
+    def session_pool_sizes(self) -> dict[str, int]:
+        return parse_pool_sizes(self.session_pool_size)
+
     @property
     def sqlite_path(self) -> Path:
         return self.data_dir / "sandcell.db"
@@ -118,3 +132,17 @@ class Settings(BaseSettings):
             disk_mb=self.max_disk_mb,
             output_mb=self.max_output_mb,
         )
+
+
+def parse_pool_sizes(text: str) -> dict[str, int]:
+    """ "python=2,python-data=1" -> {"python": 2, "python-data": 1}; "" or "0": no pool.
+    ValueError if malformed."""
+    if text.strip() == "0":
+        return {}
+    sizes: dict[str, int] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, count = item.partition("=")
+        if not sep or not name.strip() or not count.strip().isdigit():
+            raise ValueError(f"pool size {item!r} is not IMAGE=COUNT")
+        sizes[name.strip()] = int(count)
+    return sizes

@@ -6,13 +6,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.ports.egress import EgressAttachment
 from sandcell.ports.runtime import InputFile, SandboxResult, SandboxSink, SandboxSpec
-from sandcell.runtime.pool import parse_sizes, pool_refusal
+from sandcell.runtime.pool import pool_refusal
 from sandcell.services.worker import Worker, WorkerConfig
+from sandcell.settings import Settings, parse_pool_sizes
 from tests.conftest import Api
 from tests.fakes import FakeImages, HostProcessRuntime
 
@@ -21,11 +23,13 @@ SPEC = SandboxSpec("s", IMAGE, [IMAGE.python, "/job/main.py"], {}, Limits(), cod
 
 
 def test_sizes_parse_and_reject_malformed_entries() -> None:
-    assert parse_sizes("python=2, python-data=1,") == {"python": 2, "python-data": 1}
-    assert parse_sizes("") == {}
-    for bad in ("python", "python=x", "=2", "python=-1"):
+    assert parse_pool_sizes("python=2, python-data=1,") == {"python": 2, "python-data": 1}
+    assert parse_pool_sizes("") == parse_pool_sizes("0") == {}  # as the settings say: no pool
+    for bad in ("python", "python=x", "=2", "python=-1", "0,python=1"):
         with pytest.raises(ValueError):
-            parse_sizes(bad)
+            parse_pool_sizes(bad)
+        with pytest.raises(ValidationError, match="is not IMAGE=COUNT"):
+            Settings(session_pool_size=bad)
 
 
 def test_default_jobs_fit_the_pool_and_tighter_memory_too() -> None:

@@ -95,17 +95,24 @@ def serve(
     settings = _settings(port=port, host=host, data_dir=data_dir)
     _setup_logging(settings)
     api = build_api(settings)  # creates the schema before the worker starts
-    worker = None if no_worker else EmbeddedWorker(settings.data_dir)
+    server = uvicorn.Server(
+        uvicorn.Config(api, host=settings.host, port=settings.port, log_config=None)
+    )
+    stop_serving = lambda _status: setattr(server, "should_exit", True)  # noqa: E731
+    worker = None if no_worker else EmbeddedWorker(settings.data_dir, stop_serving)
     err.print(f"sandcell {__version__} on http://{settings.host}:{settings.port}")
     err.print(api_key_hint(settings), highlight=False, markup=False, soft_wrap=True)
     # uvicorn re-raises the SIGTERM it handled once it has stopped; with the default handler
     # that would kill this process before it waits for the worker to pause its sessions.
     signal.signal(signal.SIGTERM, lambda *_: None)
     try:
-        uvicorn.run(api, host=settings.host, port=settings.port, log_config=None)
+        server.run()
     finally:
         if worker is not None:
             worker.close()
+    if worker is not None and worker.failed_with is not None:
+        err.print(f"sandcell serve: the worker exited with status {worker.failed_with}")
+        raise typer.Exit(1)
 
 
 def api_key_hint(settings: Settings) -> str:
@@ -160,7 +167,13 @@ def _internal_listener(listen: str) -> tuple[socket.socket, str]:
     # and without it every response pays a delayed ACK (~40 ms).
     listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    listener.bind((host.strip("[]"), int(port)))
+    try:
+        listener.bind((host.strip("[]"), int(port)))
+    except (OSError, ValueError) as exc:
+        listener.close()
+        why = exc.strerror if isinstance(exc, OSError) else "not HOST:PORT"
+        err.print(f"[red]error:[/red] SANDCELL_WORKER_LISTEN={listen}: {why}", soft_wrap=True)
+        raise typer.Exit(1) from exc
     listener.listen(128)
     bound = listener.getsockname()[1]
     return listener, f"http://{host}:{bound}"
@@ -252,11 +265,18 @@ def main() -> None:
     try:
         app()
     except Exception as exc:  # a clear line for people, never a traceback
+        from pydantic import ValidationError
+
         from sandcell.domain.errors import SandcellError
 
         if isinstance(exc, SandcellError):
             err.print(f"[red]error:[/red] {exc.detail}")
             raise SystemExit(1) from exc
+        if isinstance(exc, ValidationError) and exc.title == Settings.__name__:
+            for problem in exc.errors():
+                name = "SANDCELL_" + "_".join(str(part) for part in problem["loc"]).upper()
+                err.print(f"[red]configuration:[/red] {name}: {problem['msg']}", soft_wrap=True)
+            raise SystemExit(2) from exc
         raise
 
 

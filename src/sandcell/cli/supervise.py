@@ -4,7 +4,9 @@
 worker (`POST /v1/admin/workers/{id}/drain`), the child finishes or hands back its jobs, marks
 itself stopped and exits with STOPPED_ON_REQUEST; serve then starts a fresh incarnation (a new
 worker id, the same data dir), which picks the handed-back jobs up from their committed stages.
-Any other exit is a failure and is left for the operator to see, never restarted in a loop.
+Any other exit is a failure: serve stops too and exits non-zero, so that the failure is seen
+(and a service manager restarts the whole tree, with its own back-off) instead of an API that
+stays up and never becomes ready. Accepted jobs are in the store; the next worker recovers them.
 """
 
 import logging
@@ -13,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger("sandcell.serve")
@@ -20,11 +23,12 @@ STOPPED_ON_REQUEST = 75  # EX_TEMPFAIL: the worker stopped because it was asked 
 
 
 class EmbeddedWorker:
-    def __init__(self, data_dir: Path) -> None:
-        self.data_dir = data_dir
+    def __init__(self, data_dir: Path, on_failure: Callable[[int], None]) -> None:
+        self.data_dir, self.on_failure = data_dir, on_failure
         self._lock = threading.Lock()
         self._closing = False
         self.incarnations = 0
+        self.failed_with: int | None = None  # the exit status of a worker that failed
         self.process = self._spawn()
         threading.Thread(target=self._watch, name="worker-supervisor", daemon=True).start()
 
@@ -40,10 +44,12 @@ class EmbeddedWorker:
                 if self._closing:
                     return
                 if code != STOPPED_ON_REQUEST:
-                    log.error("the worker exited with status %s; not restarting it", code)
-                    return
+                    log.error("the worker exited with status %s; stopping the server", code)
+                    self.failed_with = code
+                    break
                 log.warning("the worker stopped on an operator's request; starting a new one")
                 self.process = self._spawn()
+        self.on_failure(code)
 
     def close(self, timeout_s: float = 60) -> None:
         """Graceful stop of the current incarnation (SIGTERM), and no new one after it."""

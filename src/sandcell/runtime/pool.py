@@ -85,17 +85,6 @@ class PoolConfig:
     preload_mb: dict[str, int] = field(default_factory=lambda: dict(PRELOAD_MB))
 
 
-def parse_sizes(text: str) -> dict[str, int]:
-    """ "python=2,python-data=1" -> {"python": 2, "python-data": 1}; ValueError if malformed."""
-    sizes: dict[str, int] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        name, sep, count = item.partition("=")
-        if not sep or not name.strip() or not count.strip().isdigit():
-            raise ValueError(f"pool size {item!r} is not IMAGE=COUNT")
-        sizes[name.strip()] = int(count)
-    return sizes
-
-
 def pool_refusal(spec: SandboxSpec, profile: Limits) -> str | None:
     """Why `spec` cannot run in a warm sandbox booted with `profile`; None if it can."""
     limits = spec.limits
