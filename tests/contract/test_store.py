@@ -16,7 +16,7 @@ from sandcell.domain.cells import CELL_CHARS, SessionCell, recorded_cell
 from sandcell.domain.errors import Conflict, IdempotencyMismatch, NotFound, StaleLease
 from sandcell.domain.ids import new_id
 from sandcell.domain.limits import Limits
-from sandcell.domain.records import Artifact, Job, JobSpec, Tenant, WorkerInfo
+from sandcell.domain.records import Artifact, Job, JobSpec, StoredFile, Tenant, WorkerInfo
 from sandcell.domain.sessions import Session, SessionState
 from sandcell.domain.states import JobState, Reason
 from sandcell.store.sql import SqlStore
@@ -345,6 +345,40 @@ def test_outputs_of_a_page_of_jobs_match_each_jobs_own_reads(store: SqlStore) ->
         assert found[job_id] == (store.list_artifacts(job_id), store.job_stages(job_id))
     assert [a.path for a in found[made.id][0]] == ["a.csv", "b.png"]
     assert [s["name"] for s in found[staged.id][1]] == ["clean"] and found[idle.id] == ([], [])
+
+
+def test_stored_bytes_follow_files_and_artifacts_in_and_out(store: SqlStore) -> None:
+    """Admission reads the tenant's running total: it must equal the sizes really stored,
+    through uploads, job outputs, committed stages, deletes and retirements, and never count
+    a delete twice."""
+    tenant, other = _tenant(store), _tenant(store, "other")
+
+    def upload(size: int) -> StoredFile:
+        stored = StoredFile(new_id("file"), tenant.id, "in.csv", size, "2" * 64, time.time())
+        store.add_file(stored)
+        return stored
+
+    kept, dropped = upload(1000), upload(300)
+    store.add_job(_job(tenant), None)
+    job = store.claim_next("w1", time.time(), 30)
+    assert job is not None
+    outputs = [Artifact(new_id("art"), tenant.id, job.id, p, 40, "0" * 64, 0.0) for p in "ab"]
+    store.add_artifacts(job.id, outputs, job.fencing_token)
+    staged = Artifact(new_id("art"), tenant.id, job.id, "clean.csv", 5, "1" * 64, time.time())
+    store.commit_stage(job.id, job.fencing_token, "clean", [staged], time.time())
+    assert store.storage_bytes(tenant.id) == 1000 + 300 + 2 * 40 + 5
+    racers = [
+        threading.Thread(target=store.delete_file, args=(tenant.id, dropped.id)) for _ in range(2)
+    ]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join()
+    assert not store.delete_file(other.id, kept.id)  # not its file: nothing moves
+    assert store.storage_bytes(tenant.id) == 1000 + 2 * 40 + 5
+    store.delete_job_data(job.id)
+    store.delete_job_data(job.id)
+    assert store.storage_bytes(tenant.id) == 1000 and store.storage_bytes(other.id) == 0
 
 
 def test_housekeeping_with_nothing_due_never_waits_for_the_write_lock(tmp_path: Path) -> None:

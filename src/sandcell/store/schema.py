@@ -2,6 +2,7 @@
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     Column,
     Float,
@@ -26,6 +27,9 @@ tenants = Table(
     Column("images", JSON),
     Column("created_at", Float, nullable=False),
     Column("quotas", JSON),
+    # The sizes of the tenant's files and artifacts, kept in the transactions that add and
+    # remove them: admission reads one row instead of summing the tenant's whole history.
+    Column("stored_bytes", BigInteger, nullable=False, server_default="0"),
 )
 
 api_keys = Table(
@@ -80,6 +84,7 @@ jobs = Table(
     Column("sandbox_id", String(128)),  # the current or last attempt's sandbox
     Index("jobs_queue", "state", "accepted_at"),
     Index("jobs_by_tenant", "tenant_id", "accepted_at", "id"),
+    Index("jobs_by_tenant_state", "tenant_id", "state"),  # admission counts the active ones
 )
 
 idempotency_keys = Table(

@@ -127,17 +127,19 @@ _LAST_LOG_SEQ = select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == bind
 _INSERT_LOGS = insert(job_logs)
 # What an admission runs on every submit.
 _INSERT_JOB = insert(jobs)
-_TENANT_LOCK = select(tenants.c.id).where(tenants.c.id == bindparam("tenant")).with_for_update()
+_TENANT_LOCK = (
+    select(tenants.c.stored_bytes).where(tenants.c.id == bindparam("tenant")).with_for_update()
+)
+_STORED_BYTES = select(tenants.c.stored_bytes).where(tenants.c.id == bindparam("tenant"))
+_ADD_STORED_BYTES = (  # the parameter is not named like the column: SET claims that name
+    update(tenants)
+    .where(tenants.c.id == bindparam("of_tenant"))
+    .values(stored_bytes=tenants.c.stored_bytes + bindparam("delta"))
+)
 _ACTIVE_JOBS = (
     select(func.count())
     .select_from(jobs)
     .where(jobs.c.tenant_id == bindparam("tenant"), jobs.c.state.in_(ACTIVE))
-)
-_FILE_BYTES = select(func.coalesce(func.sum(files.c.size), 0)).where(
-    files.c.tenant_id == bindparam("tenant")
-)
-_ARTIFACT_BYTES = select(func.coalesce(func.sum(artifacts.c.size), 0)).where(
-    artifacts.c.tenant_id == bindparam("tenant")
 )
 _BUCKET_KEY = and_(  # not named like the columns: an update's SET claims those names
     rate_buckets.c.tenant_id == bindparam("of_tenant"),
@@ -232,6 +234,7 @@ def _job_values(job: Job) -> dict[str, Any]:
 def _tenant_from_row(row: Any) -> Tenant:
     values = dict(row._mapping)
     values["quotas"] = values.get("quotas") or {}
+    del values["stored_bytes"]  # the store's own bookkeeping: read by admission and quotas
     return Tenant(**values)
 
 
@@ -294,19 +297,20 @@ def _after_lost_worker(job: Job, now: float) -> dict[str, Any]:
 def _admit(conn: Connection, tenant_id: str, admission: Admission) -> None:
     """Quota and rate checks, serialised per tenant by a row lock (SQLite: the write lock)."""
     quotas, tenant = admission.quotas, {"tenant": tenant_id}
-    conn.execute(_TENANT_LOCK, tenant)
+    stored_bytes = conn.execute(_TENANT_LOCK, tenant).scalar_one()
     active = conn.execute(_ACTIVE_JOBS, tenant).scalar_one()
     if active >= quotas.concurrent_jobs:
         raise QuotaExceeded(f"{active} jobs are already queued or running (quota)", 1)
-    if _storage_bytes(conn, tenant_id) >= quotas.storage_mb * 2**20:
+    if stored_bytes >= quotas.storage_mb * 2**20:
         raise QuotaExceeded("storage quota used up: delete files or retire jobs", 60)
     _take_token(conn, tenant_id, "jobs", quotas.jobs_per_minute, quotas.burst, admission.now)
 
 
-def _storage_bytes(conn: Connection, tenant_id: str) -> int:
-    tenant = {"tenant": tenant_id}
-    in_files = conn.execute(_FILE_BYTES, tenant).scalar_one()
-    return int(in_files) + int(conn.execute(_ARTIFACT_BYTES, tenant).scalar_one())
+def _count_stored(conn: Connection, tenant_id: str, delta: int) -> None:
+    """Files or artifacts of `delta` bytes were added (or, negative, removed) in this
+    transaction: the tenant's stored_bytes says so from the same commit."""
+    if delta:
+        conn.execute(_ADD_STORED_BYTES, {"of_tenant": tenant_id, "delta": delta})
 
 
 def _take_token(
@@ -353,6 +357,8 @@ def _insert_artifacts(conn: Connection, job_id: str, found: Sequence[Artifact]) 
     if found:
         assert all(a.job_id == job_id for a in found)
         conn.execute(insert(artifacts), [asdict(a) for a in found])
+        for tenant_id in {a.tenant_id for a in found}:
+            _count_stored(conn, tenant_id, sum(a.size for a in found if a.tenant_id == tenant_id))
 
 
 def _session_from_row(row: Any) -> Session:
@@ -457,6 +463,7 @@ class SqlStore:
     def add_file(self, stored: StoredFile) -> None:
         with self._tx() as conn:
             conn.execute(insert(files).values(**asdict(stored)))
+            _count_stored(conn, stored.tenant_id, stored.size)
 
     def get_file(self, tenant_id: str, file_id: str) -> StoredFile | None:
         with self._read() as conn:
@@ -466,11 +473,14 @@ class SqlStore:
         return StoredFile(**dict(row._mapping)) if row else None
 
     def delete_file(self, tenant_id: str, file_id: str) -> bool:
+        owned = and_(files.c.id == file_id, files.c.tenant_id == tenant_id)
         with self._tx() as conn:
-            result = conn.execute(
-                delete(files).where(files.c.id == file_id, files.c.tenant_id == tenant_id)
-            )
-        return result.rowcount == 1
+            # RETURNING: what this very delete removed (a concurrent one may have been first)
+            size = conn.execute(delete(files).where(owned).returning(files.c.size)).scalar()
+            if size is None:
+                return False
+            _count_stored(conn, tenant_id, -size)
+        return True
 
     # jobs, seen by the API
 
@@ -802,7 +812,13 @@ class SqlStore:
             ).scalar()
             conn.execute(delete(job_stages).where(job_stages.c.job_id == job_id))
             conn.execute(delete(job_once).where(job_once.c.job_id == job_id))
-            conn.execute(delete(artifacts).where(artifacts.c.job_id == job_id))
+            gone = conn.execute(
+                delete(artifacts)
+                .where(artifacts.c.job_id == job_id)
+                .returning(artifacts.c.tenant_id, artifacts.c.size)
+            ).all()
+            for tenant_id in {tenant for tenant, _ in gone}:
+                _count_stored(conn, tenant_id, -sum(size for t, size in gone if t == tenant_id))
             conn.execute(delete(job_logs).where(job_logs.c.job_id == job_id))
         return removed, int(log_bytes or 0)
 
@@ -855,7 +871,7 @@ class SqlStore:
 
     def storage_bytes(self, tenant_id: str) -> int:
         with self._read() as conn:
-            return _storage_bytes(conn, tenant_id)
+            return int(conn.execute(_STORED_BYTES, {"tenant": tenant_id}).scalar() or 0)
 
     # secrets (values arrive and leave encrypted; the store never sees plaintext)
 

@@ -1,0 +1,32 @@
+"""tenants.stored_bytes and jobs_by_tenant_state: admission without scanning a tenant's history
+
+Revision ID: 0010
+Revises: 0009
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0010"
+down_revision = "0009"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("tenants") as batch:
+        batch.add_column(
+            sa.Column("stored_bytes", sa.BigInteger(), nullable=False, server_default="0")
+        )
+    op.execute(
+        "UPDATE tenants SET stored_bytes ="
+        " (SELECT COALESCE(SUM(size), 0) FROM files WHERE files.tenant_id = tenants.id)"
+        " + (SELECT COALESCE(SUM(size), 0) FROM artifacts WHERE artifacts.tenant_id = tenants.id)"
+    )
+    op.create_index("jobs_by_tenant_state", "jobs", ["tenant_id", "state"])
+
+
+def downgrade() -> None:
+    op.drop_index("jobs_by_tenant_state", table_name="jobs")
+    with op.batch_alter_table("tenants") as batch:
+        batch.drop_column("stored_bytes")
