@@ -190,6 +190,7 @@ sessions = Table(
     Column("pooled", Boolean, nullable=False, default=False),  # its kernel came from a pool
     Column("sandbox_id", String(128)),  # the sandbox it runs in now (or ran in last)
     Index("sessions_by_tenant", "tenant_id", "created_at"),
+    Index("sessions_by_tenant_state", "tenant_id", "state"),  # its quota counts the live ones
     Index("sessions_by_state", "state"),
 )
 

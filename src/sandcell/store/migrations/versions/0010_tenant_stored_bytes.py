@@ -1,4 +1,4 @@
-"""tenants.stored_bytes and jobs_by_tenant_state: admission without scanning a tenant's history
+"""tenants.stored_bytes, jobs_ and sessions_by_tenant_state: quotas without scanning history
 
 Revision ID: 0010
 Revises: 0009
@@ -24,9 +24,11 @@ def upgrade() -> None:
         " + (SELECT COALESCE(SUM(size), 0) FROM artifacts WHERE artifacts.tenant_id = tenants.id)"
     )
     op.create_index("jobs_by_tenant_state", "jobs", ["tenant_id", "state"])
+    op.create_index("sessions_by_tenant_state", "sessions", ["tenant_id", "state"])
 
 
 def downgrade() -> None:
+    op.drop_index("sessions_by_tenant_state", table_name="sessions")
     op.drop_index("jobs_by_tenant_state", table_name="jobs")
     with op.batch_alter_table("tenants") as batch:
         batch.drop_column("stored_bytes")
