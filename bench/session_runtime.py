@@ -50,18 +50,25 @@ def _idle_memory(session: GVisorSession, settle_s: float = 1.0) -> float:
     return round(session.memory_bytes() / MiB, 1)
 
 
-def _round_trips(bench: Bench, cells: int) -> tuple[dict[str, float], float, list[float]]:
+def _round_trips(
+    bench: Bench, cells: int
+) -> tuple[dict[str, float], dict[str, float], float, list[float]]:
+    """`1+1`'s round trip, and the wire's alone: a ping, answered by the kernel's reader
+    thread without IPython or the main thread."""
     starts: list[float] = []
     session = _timed_start(bench, "trips", starts)
     try:
         assert session.execute("1+1", 10)["result"] == "2"
         trips = summary(timed(lambda: session.execute("1+1", 10), cells))
+        channel = session.channel
+        assert channel is not None  # the session is running
+        pings = summary(timed(lambda: channel.call("ping").wait(10), cells))
         idle = _idle_memory(session)
     finally:
         session.stop()
     for n in range(2):  # a few more cold starts for the start-time figure
         _timed_start(bench, f"start-{n}", starts).stop()
-    return trips, idle, starts
+    return trips, pings, idle, starts
 
 
 def _timed_start(bench: Bench, name: str, starts: list[float]) -> GVisorSession:
@@ -115,13 +122,14 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-sessions-") as scratch:
         bench = Bench(Path(scratch))
         try:
-            trips, idle, starts = _round_trips(bench, args.cells)
+            trips, pings, idle, starts = _round_trips(bench, args.cells)
             paused = _pause_resume(bench, args.cycles)
         finally:
             bench.runtime.reap()
     cold = summary(cold_runsc(bench.image.rootfs, args.cold_runs))
     report = {
         "execute_1+1_round_trip_ms": trips,
+        "ping_round_trip_ms": pings,
         "session_start_ms": summary(starts),
         "idle_session_memory_mb": idle,
         **paused,
