@@ -52,6 +52,7 @@ files = Table(
     Column("size", Integer, nullable=False),
     Column("sha256", String(64), nullable=False),
     Column("created_at", Float, nullable=False),
+    Index("files_by_sha", "sha256"),  # is a blob still in use, when an artifact goes
 )
 
 jobs = Table(

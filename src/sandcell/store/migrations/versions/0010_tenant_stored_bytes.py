@@ -1,4 +1,7 @@
-"""tenants.stored_bytes, jobs_ and sessions_by_tenant_state: quotas without scanning history
+"""tenants.stored_bytes, jobs_ and sessions_by_tenant_state, files_by_sha: no history scans
+
+Quotas read a running total and count only live rows; a blob's last-use check on retirement
+finds its file by index.
 
 Revision ID: 0010
 Revises: 0009
@@ -25,9 +28,11 @@ def upgrade() -> None:
     )
     op.create_index("jobs_by_tenant_state", "jobs", ["tenant_id", "state"])
     op.create_index("sessions_by_tenant_state", "sessions", ["tenant_id", "state"])
+    op.create_index("files_by_sha", "files", ["sha256"])
 
 
 def downgrade() -> None:
+    op.drop_index("files_by_sha", table_name="files")
     op.drop_index("sessions_by_tenant_state", table_name="sessions")
     op.drop_index("jobs_by_tenant_state", table_name="jobs")
     with op.batch_alter_table("tenants") as batch:
