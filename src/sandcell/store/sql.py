@@ -297,7 +297,7 @@ def _after_lost_worker(job: Job, now: float) -> dict[str, Any]:
 def _admit(conn: Connection, tenant_id: str, admission: Admission) -> None:
     """Quota and rate checks, serialised per tenant by a row lock (SQLite: the write lock)."""
     quotas, tenant = admission.quotas, {"tenant": tenant_id}
-    stored_bytes = conn.execute(_TENANT_LOCK, tenant).scalar_one()
+    stored_bytes = conn.execute(_TENANT_LOCK, tenant).scalar() or 0
     active = conn.execute(_ACTIVE_JOBS, tenant).scalar_one()
     if active >= quotas.concurrent_jobs:
         raise QuotaExceeded(f"{active} jobs are already queued or running (quota)", 1)
