@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from sandcell.domain.limits import Limits
+from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult
 from sandcell.runtime.bundle import READY_MARKER
 from sandcell.runtime.one_shot import OneShotRun
@@ -38,7 +39,10 @@ class Run(OneShotRun):
     def _launch(self) -> Streams:
         raise NotImplementedError
 
-    def _watch(self, streams: Streams) -> None: ...
+    def _limit_crossed(self, streams: Streams) -> Reason | None:
+        return None
+
+    def _kill(self) -> None: ...
 
     def _decide(self, streams: Streams, exit_code: int) -> SandboxResult:
         raise NotImplementedError

@@ -24,7 +24,6 @@ How each reason is told apart (first match wins), as in the gVisor runtime:
 
 import contextlib
 import os
-import select
 import subprocess
 import threading
 import time
@@ -247,23 +246,6 @@ class BwrapRun(OneShotRun):
         fds.append(args_fd := args_memfd(bwrap_args(spec, self.scratch, seccomp_fd, ca_fd)))
         step = bwrap_egress_launch(egress, egress_mount_point(self.scratch)) if egress else None
         return launcher(self.cgroup, self.uid, self.limits, args_fd, command(spec), step)
-
-    def _watch(self, streams: Streams) -> None:
-        assert self.proc is not None
-        # Waiting on a pidfd, not sleeping: the exit ends the wait at once, and a sandbox that
-        # prints 1 lives for about as long as one tick.
-        exited = os.pidfd_open(self.proc.pid)
-        try:
-            while not select.select([exited], [], [], 0)[0]:
-                reason = self._limit_crossed(streams)
-                if reason is not None:
-                    self.kill_reason = reason
-                    self._kill()
-                    return
-                if not self._waited_for_start(streams):
-                    select.select([exited], [], [], self._wait_s(streams))
-        finally:
-            os.close(exited)
 
     def _limit_crossed(self, streams: Streams) -> Reason | None:
         if self.cancel.is_set():

@@ -4,6 +4,8 @@ The steps are the same: prepare, launch, watch the limits, wait for the exit, de
 reason, collect /output, release and verify. Subclasses supply the runtime-specific steps.
 """
 
+import os
+import select
 import subprocess
 import time
 from abc import ABC, abstractmethod
@@ -37,6 +39,8 @@ class OneShotRun(ABC):
     launched_at: float
     started: float
     usage: dict[str, float]
+    kill_reason: Reason | None
+    exited: int  # a pidfd of the launched process while the sandbox is watched
 
     def execute(self) -> SandboxResult:
         self.started = time.monotonic()
@@ -67,6 +71,35 @@ class OneShotRun(ABC):
         result = self._decide(streams, exit_code)
         self._collect(streams)
         return result
+
+    def _watch(self, streams: Streams) -> None:
+        """Until the sandbox exits (or its program is done), look at the limits; kill the
+        sandbox when one is crossed, and keep the reason."""
+        assert self.proc is not None
+        self.exited = os.pidfd_open(self.proc.pid)
+        try:
+            while self.proc.poll() is None:
+                reason = self._limit_crossed(streams)
+                if reason is not None:
+                    self.kill_reason = reason
+                    self._kill()
+                    return
+                if self._program_done(streams):
+                    return
+                self._tick(streams)
+        finally:
+            os.close(self.exited)
+
+    def _program_done(self, streams: Streams) -> bool:
+        """Whether the program has ended while its sandbox still runs (a warm one's runner
+        says so); for a one-shot sandbox only the exit tells."""
+        return False
+
+    def _tick(self, streams: Streams) -> None:
+        # Waiting on a pidfd, not sleeping: the exit is seen at once, not up to a tick late,
+        # and without `Popen.wait`'s polls (a waitpid and a sleep every few ms).
+        if not self._waited_for_start(streams):
+            select.select([self.exited], [], [], self._wait_s(streams))
 
     def _early_result(self, streams: Streams) -> SandboxResult | None:
         """A run that knows its program's end before the sandbox exits reports it here (and
@@ -126,7 +159,12 @@ class OneShotRun(ABC):
     def _launch(self) -> Streams: ...
 
     @abstractmethod
-    def _watch(self, streams: Streams) -> None: ...
+    def _limit_crossed(self, streams: Streams) -> Reason | None:
+        """The limit the sandbox has crossed (or cancel, or a failed start), if any."""
+
+    @abstractmethod
+    def _kill(self) -> object:
+        """Kill the sandbox for the reason in `kill_reason`."""
 
     @abstractmethod
     def _decide(self, streams: Streams, exit_code: int) -> SandboxResult: ...

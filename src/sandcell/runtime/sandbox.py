@@ -18,8 +18,6 @@ How each reason is told apart (first match wins):
 - exit_code: any other failing exit.
 """
 
-import os
-import select
 import subprocess
 import threading
 import time
@@ -145,33 +143,6 @@ class SandboxRun(OneShotRun):
         self.streams = Streams(self.proc.stdout, self.proc.stderr, self.sink, cap)
         self.streams.start()
         return self.streams
-
-    def _watch(self, streams: Streams) -> None:
-        assert self.proc is not None
-        self.exited = os.pidfd_open(self.proc.pid)
-        try:
-            while self.proc.poll() is None:
-                reason = self._limit_crossed(streams)
-                if reason is not None:
-                    self.kill_reason = reason
-                    self._kill()
-                    return
-                if self._program_done(streams):
-                    return
-                self._tick(streams)
-        finally:
-            os.close(self.exited)
-
-    def _program_done(self, streams: Streams) -> bool:
-        """Whether the program has ended while its sandbox still runs (a warm one's runner
-        says so); here only the exit tells."""
-        return False
-
-    def _tick(self, streams: Streams) -> None:
-        # Waiting on a pidfd, not sleeping: the exit is seen at once, not up to a tick late,
-        # and without `Popen.wait`'s polls (a waitpid and a sleep every few ms).
-        if not self._waited_for_start(streams):
-            select.select([self.exited], [], [], self._wait_s(streams))
 
     def _limit_crossed(self, streams: Streams) -> Reason | None:
         if self.cancel.is_set():
