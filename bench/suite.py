@@ -154,7 +154,24 @@ def trivial(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
             median = result[case]["median_ms"]
             result[f"{case}_vs_python"] = ratio(median, base["bare_python"]["median_ms"])
             result[f"{case}_vs_runsc"] = ratio(median, base["cold_runsc_run"]["median_ms"])
+    if pool_available():
+        result["bwrap"] = _bwrap_trivial(plan, base)
     return result
+
+
+def _bwrap_trivial(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
+    """The same job on the bwrap tier, cold and from its own warm pool."""
+    weak = COLD | {"SANDCELL_RUNTIME": "bwrap", "SANDCELL_ALLOW_WEAK_ISOLATION": "1"}
+    out: dict[str, Any] = {}
+    for case, image in (("cold", None), ("pooled", "python")):
+        env = weak | ({"SANDCELL_POOL_SIZE": f"{image}=1"} if image else {})
+        with scratch_dir() as scratch, server(scratch / case, env) as url:
+            out[case], records = sequential_jobs(url, TRIVIAL, plan.runs, image)
+        median = out[case]["median_ms"]
+        out[f"{case}_vs_python"] = ratio(median, base["bare_python"]["median_ms"])
+        out[f"{case}_vs_raw_bwrap"] = ratio(median, base["raw_bwrap"]["median_ms"])
+    out["pooled_runs"] = sum(1 for r in records if r.get("pooled"))
+    return out
 
 
 def chart(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:

@@ -168,16 +168,17 @@ def build_runtime(settings: Settings) -> Runtime:
 
 
 def with_warm_pool(settings: Settings, runtime: Runtime) -> Runtime:
-    """gVisor jobs take pre-started sandboxes when SANDCELL_POOL_SIZE asks for any.
+    """Jobs (gVisor or bwrap) take pre-started sandboxes when SANDCELL_POOL_SIZE asks for any.
 
     The pool starts filling when the worker reaps (the start of `Worker.serve`).
     """
+    from sandcell.runtime.bwrap import BwrapRuntime
     from sandcell.runtime.gvisor import GVisorRuntime
     from sandcell.runtime.pool import PoolConfig, WarmPool
     from sandcell.runtime.pooled import PooledRuntime, warm_factory
 
     sizes = settings.pool_sizes
-    if not isinstance(runtime, GVisorRuntime) or not any(sizes.values()):
+    if not isinstance(runtime, GVisorRuntime | BwrapRuntime) or not any(sizes.values()):
         return runtime
     config = PoolConfig(
         sizes, settings.default_limits, settings.pool_memory_mb, settings.pool_idle_s

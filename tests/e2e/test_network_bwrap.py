@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import IMAGE_DIR, Server, run_job, running_server
+from tests.e2e.pool_metrics import wait_for_pool
 from tests.e2e.test_network_gvisor import _facts, _program
 from tests.integration.egress_servers import EchoServer, TestPKI
 
@@ -80,3 +81,15 @@ def test_a_bwrap_job_reaches_allowed_hosts_through_its_proxy_only(
         ("other.test", "denied", "not_allowed"),
         ("secure.allowed.test", "allowed", "tls_intercept"),
     ]
+
+
+def test_a_plain_bwrap_job_comes_from_the_tiers_own_warm_pool(bwrap_server: Server) -> None:
+    headers = bwrap_server.tenant("bwrap-pool")
+    with httpx.Client(base_url=bwrap_server.url, headers=headers) as http:
+        wait_for_pool(http, "python")
+    job = run_job(bwrap_server, headers, {"code": "import os; print('pooled', os.getuid())"})
+    assert (job["state"], job["runtime"], job["pooled"]) == ("completed", "bwrap", True), job
+    assert job["sandbox_id"].startswith("pool-python-")
+    with httpx.Client(base_url=bwrap_server.url, headers=headers) as http:
+        logs = http.get(f"/v1/jobs/{job['id']}/logs").json()
+    assert logs["stdout"] == "pooled 65534\n"

@@ -83,6 +83,10 @@ class UidPool:
         with self._lock:
             self._free.append(uid)
 
+    def free(self) -> int:
+        with self._lock:
+            return len(self._free)
+
 
 class BwrapRuntime:
     name = "bwrap"

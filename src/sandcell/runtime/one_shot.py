@@ -47,6 +47,7 @@ class OneShotRun(ABC):
         try:
             result = self._run()
         finally:
+            self._before_release()
             problems = self._release()
         result.released = not problems
         if problems:
@@ -104,6 +105,10 @@ class OneShotRun(ABC):
     def _early_result(self, streams: Streams) -> SandboxResult | None:
         """A run that knows its program's end before the sandbox exits reports it here (and
         returns it); see ports.runtime.EarlySink."""
+        return None
+
+    def _before_release(self) -> None:
+        """A step of the run's own before the sandbox is released (a warm runner's exit)."""
         return None
 
     def _wait_s(self, streams: Streams) -> float:

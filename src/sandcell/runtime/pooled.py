@@ -1,20 +1,40 @@
-"""The gVisor runtime with warm pools: a job takes a warm sandbox when it can, else it starts cold.
+"""A runtime with warm pools: a job takes a warm sandbox when it can, else it starts cold.
 
 Both paths end the same way: one job per sandbox, every limit watched by the host, every
 resource released and verified before `run` returns. `SandboxResult.pooled` says which it was.
+The base runtime (gVisor or bwrap) runs the cold jobs; its warm factory boots the warm
+sandboxes, fits one to its job and runs the job in it.
 """
 
 import threading
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
+from sandcell.domain.limits import Limits
 from sandcell.ports.runtime import PlacedSink, SandboxResult, SandboxSink, SandboxSpec
+from sandcell.runtime.bwrap import BwrapRuntime
 from sandcell.runtime.gvisor import SANDBOX_ID, GVisorRuntime
-from sandcell.runtime.pool import WarmPool, pool_refusal
-from sandcell.runtime.warm import PooledRun, WarmFactory, WarmSandbox, fit_to_job
+from sandcell.runtime.hand_over import WarmSandbox
+from sandcell.runtime.pool import Factory, WarmPool, pool_refusal
+from sandcell.runtime.warm import WarmFactory
 
 
-def warm_factory(runtime: GVisorRuntime) -> WarmFactory:
+@runtime_checkable
+class JobWarmFactory(Factory[WarmSandbox], Protocol):
+    def fit(self, warm: WarmSandbox, limits: Limits) -> None:
+        """Tighten the warm sandbox's cgroup to the job's budget; OSError if refused."""
+
+    def run(
+        self, spec: SandboxSpec, sink: SandboxSink, cancel: threading.Event, warm: WarmSandbox
+    ) -> SandboxResult:
+        """The job in the warm sandbox, to its end and release (see HandOverRun)."""
+
+
+def warm_factory(runtime: GVisorRuntime | BwrapRuntime) -> JobWarmFactory:
     """Warm sandboxes under the runtime's own state dir and cgroup parent (so `reap` sees them)."""
+    if isinstance(runtime, BwrapRuntime):
+        from sandcell.runtime.bwrap_warm import BwrapWarmFactory
+
+        return BwrapWarmFactory(runtime)
     return WarmFactory(
         runtime.runsc,
         runtime.sandboxes_dir,
@@ -25,10 +45,11 @@ def warm_factory(runtime: GVisorRuntime) -> WarmFactory:
 
 
 class PooledRuntime:
-    name = "gvisor"
-
-    def __init__(self, base: GVisorRuntime, pool: WarmPool[WarmSandbox]) -> None:
-        self.base, self.pool = base, pool
+    def __init__(self, base: GVisorRuntime | BwrapRuntime, pool: WarmPool[WarmSandbox]) -> None:
+        if not isinstance(pool.factory, JobWarmFactory):
+            raise TypeError("the pool's factory cannot run jobs")
+        self.base, self.pool, self.factory = base, pool, pool.factory
+        self.name = base.name
 
     def version(self) -> str:
         return self.base.version()
@@ -42,9 +63,8 @@ class PooledRuntime:
             return self.base.run(spec, sink, cancel)
         if isinstance(sink, PlacedSink):
             sink.placed(warm.sandbox_id)
-        run = PooledRun(spec, sink, cancel, self.base.runsc, warm, self.base.overhead_mb)
         try:
-            result = run.execute()
+            result = self.factory.run(spec, sink, cancel, warm)
         finally:
             self.pool.done(warm)
         result.pooled = True
@@ -58,7 +78,7 @@ class PooledRuntime:
         if warm is None:
             return None
         try:
-            fit_to_job(warm, spec.limits, self.base.overhead_mb)
+            self.factory.fit(warm, spec.limits)
         except OSError:  # the kernel would not lower the limit below what the sandbox holds
             self.pool.discard(warm)
             return None

@@ -29,12 +29,12 @@ from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.ports.images import ImageCatalog
 from sandcell.ports.sessions import SessionSandbox, SessionSpec
+from sandcell.runtime.hand_over import JOB_SHARES, WARM_SHARES
 from sandcell.runtime.pool import PoolConfig, WarmPool
 from sandcell.runtime.session import CPU_SHARES, GVisorSessionRuntime
 from sandcell.runtime.session_runsc import Checkpointer
 from sandcell.runtime.session_sandbox import GVisorSession, State
 from sandcell.runtime.session_volume import VOLUME_NAME
-from sandcell.runtime.warm import JOB_SHARES, WARM_SHARES
 
 log = logging.getLogger("sandcell.runtime.session_pool")
 PRELOAD_TIMEOUT_S = 60.0  # `import pandas, matplotlib.pyplot` on a busy host

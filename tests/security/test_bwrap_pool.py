@@ -1,0 +1,154 @@
+"""Warm bwrap sandboxes: a job handed to one runs like a cold bwrap job, under the same
+isolation, and nothing of it reaches the next. Every warm sandbox a test used (scratch, loop
+device, cgroup, processes, its host uid) is gone when `run` returns."""
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandcell.domain.images import Image
+from sandcell.domain.limits import Limits
+from sandcell.domain.states import Reason
+from sandcell.ports.runtime import SandboxResult, SandboxSpec
+from sandcell.runtime.bwrap import BwrapRuntime
+from sandcell.runtime.bwrap_run import processes_of_uid
+from sandcell.runtime.images import FilesystemImageCatalog
+from sandcell.runtime.pool import PoolConfig, WarmPool
+from sandcell.runtime.pooled import PooledRuntime, warm_factory
+from tests.integration.conftest import GUEST_ENV, IMAGE_DIR, RecordingSink
+from tests.security.conftest import assert_released
+
+pytestmark = pytest.mark.bwrap
+WAIT_S = 30.0
+
+
+@pytest.fixture
+def pooled(bwrap: BwrapRuntime) -> Iterator[PooledRuntime]:
+    images = FilesystemImageCatalog(IMAGE_DIR)
+    pool = WarmPool(warm_factory(bwrap), images, PoolConfig({"python": 1}, Limits()))
+    runtime = PooledRuntime(bwrap, pool)
+    pool.start()
+    yield runtime
+    pool.close()  # destroys the warm ones, the one being booted too
+    cgroups = Path("/sys/fs/cgroup/pids", bwrap.cgroup_parent)
+    assert list(bwrap.sandboxes_dir.glob("pool-*")) == list(cgroups.glob("pool-*")) == []
+    assert bwrap.uids.free() == bwrap.uids.count  # every warm one's uid came back
+
+
+def spec_for(image: Image, code: str, **limits: float) -> SandboxSpec:
+    return SandboxSpec(
+        sandbox_id=f"job-{time.monotonic_ns()}",
+        image=image,
+        argv=[image.python, "/job/main.py"],
+        env=GUEST_ENV,
+        limits=Limits(**limits),  # type: ignore[arg-type]
+        code=code.encode(),
+    )
+
+
+def run_pooled(
+    runtime: PooledRuntime, spec: SandboxSpec, expect_pooled: bool = True
+) -> tuple[SandboxResult, RecordingSink]:
+    """Run `spec` once a warm sandbox is ready; check that the one it used is released."""
+    deadline = time.monotonic() + WAIT_S
+    while runtime.pool.ready_count(spec.image.name) < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    [warm_id] = runtime.pool.ready_ids(spec.image.name)
+    [warm] = [w for w in runtime.pool._ready[spec.image.name] if w.sandbox_id == warm_id]
+    sink = RecordingSink()
+    result = runtime.run(spec, sink, threading.Event())
+    assert result.pooled is expect_pooled, result
+    assert result.released, result.detail
+    if expect_pooled:
+        assert_released(runtime.base, warm_id)
+        assert warm.uid is not None and not processes_of_uid(warm.uid)
+    return result, sink
+
+
+def test_a_pooled_job_runs_like_a_cold_one(pooled: PooledRuntime, python_image: Image) -> None:
+    code = (
+        "import os, sys\n"
+        "print(sys.argv, os.getcwd(), sorted(os.environ), sys.path[0], __name__)\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "print(sys.stdin.read() == '', os.getuid())\n"
+        "raise SystemExit(3)\n"
+    )
+    result, sink = run_pooled(pooled, spec_for(python_image, code))
+    assert (result.reason, result.exit_code) == (Reason.EXIT_CODE, 3)
+    assert sink.events[0] == ("ready", b"")
+    env = sorted(GUEST_ENV)
+    assert sink.stdout == f"['/job/main.py'] /workspace {env} /job __main__\nTrue 65534\n"
+    assert sink.stderr == "to stderr\n"  # nothing of the runner's imports or its own frames
+    assert pooled.name == "bwrap"  # what the job record will name
+
+
+def test_a_pooled_job_has_the_cold_jobs_isolation(
+    pooled: PooledRuntime, python_image: Image
+) -> None:
+    code = (
+        "import ctypes, os, socket\n"
+        "status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
+        "print([status[k].strip() for k in ('Uid', 'CapEff', 'NoNewPrivs', 'Seccomp')])\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.syscall(425, 1, None), ctypes.get_errno())  # io_uring_setup\n"
+        "print(socket.if_nameindex())\n"
+    )
+    result, sink = run_pooled(pooled, spec_for(python_image, code))
+    assert result.reason is None, sink.stderr
+    ids, io_uring, interfaces = sink.stdout.splitlines()
+    assert ids == "['65534\\t65534\\t65534\\t65534', '0000000000000000', '1', '2']"
+    assert io_uring.split()[0] == "-1"  # denied by the seccomp filter
+    assert interfaces == "[(1, 'lo')]"  # its own network namespace, loopback only
+
+
+def test_nothing_of_one_job_is_visible_to_the_next(
+    pooled: PooledRuntime, python_image: Image
+) -> None:
+    first = (
+        "import os, json, builtins\n"
+        "for d in ('/workspace', '/tmp', '/output'):\n"
+        "    open(d + '/left-behind', 'w').write('secret')\n"
+        "os.environ['LEFT_BEHIND'] = '1'; json.LEFT_BEHIND = 1; builtins.LEFT_BEHIND = 1\n"
+        "print('written')\n"
+    )
+    second = (
+        "import os, json, builtins\n"
+        "print([os.path.exists(d + '/left-behind') for d in ('/workspace', '/tmp', '/output')],\n"
+        "      'LEFT_BEHIND' in os.environ, hasattr(json, 'LEFT_BEHIND'),\n"
+        "      hasattr(builtins, 'LEFT_BEHIND'))\n"
+    )
+    _, sink1 = run_pooled(pooled, spec_for(python_image, first))
+    assert sink1.stdout == "written\n" and "left-behind" in sink1.files
+    _, sink2 = run_pooled(pooled, spec_for(python_image, second))
+    assert sink2.stdout == "[False, False, False] False False False\n", sink2.stderr
+    assert sink2.files == {}
+
+
+@pytest.mark.parametrize(
+    ("code", "limits", "reason"),
+    [
+        ("import time; print('sleeping', flush=True); time.sleep(60)", {"timeout_s": 1}, "timeout"),
+        ("x = bytearray(512 * 2**20); print('survived')", {"memory_mb": 64}, "memory"),
+        ("print('x' * 100_000)", {"output_mb": 0.01}, "output_limit"),
+    ],
+)
+def test_limits_trip_with_the_right_reason_in_a_pooled_run(
+    pooled: PooledRuntime, python_image: Image, code: str, limits: dict[str, float], reason: str
+) -> None:
+    started = time.monotonic()
+    result, sink = run_pooled(pooled, spec_for(python_image, code, **limits))
+    assert result.reason == Reason(reason), (result, sink.stderr)
+    assert "survived" not in sink.stdout
+    if reason == "timeout":  # counted from hand-over, not from the sandbox's boot
+        assert sink.stdout == "sleeping\n" and time.monotonic() - started < 8
+
+
+def test_a_job_the_pool_cannot_honour_starts_cold(
+    pooled: PooledRuntime, python_image: Image
+) -> None:
+    result, sink = run_pooled(pooled, spec_for(python_image, "print('cold')", pids=64), False)
+    assert result.reason is None and sink.stdout == "cold\n"
+    assert pooled.pool.stats.refused == 1 and pooled.pool.stats.hits == 0
