@@ -14,7 +14,6 @@ sandbox anyway.
 """
 
 import contextlib
-import logging
 import os
 import secrets
 import subprocess
@@ -50,7 +49,6 @@ from sandcell.runtime.hand_over import (
 from sandcell.runtime.one_shot import EXIT_WAIT_S
 from sandcell.runtime.scratch import Scratch
 
-log = logging.getLogger("sandcell.runtime.pool")
 MiB = 1024 * 1024
 
 
@@ -83,9 +81,6 @@ class BwrapWarmFactory:
             detail = exc.detail if isinstance(exc, RuntimeUnavailable) else str(exc)
             left = f"; not released: {problems}" if problems else ""
             raise RuntimeUnavailable(f"cannot warm a sandbox: {detail}{left}") from exc
-        if warm.failed_imports:
-            failed = warm.failed_imports
-            log.warning("pool runner of %s could not import %s", image.name, failed)
         return warm
 
     def _prepare(self, warm: WarmSandbox) -> None:

@@ -14,6 +14,7 @@ end first, then lets the runner exit and the sandbox be torn down.
 
 import contextlib
 import json
+import logging
 import os
 import select
 import subprocess
@@ -34,6 +35,7 @@ from sandcell.runtime.one_shot import OneShotRun
 from sandcell.runtime.scratch import Scratch
 from sandcell.runtime.streams import Streams
 
+log = logging.getLogger("sandcell.runtime.pool")
 MiB = 1024 * 1024
 WARM_MARKER = b"\x1esandcell-warm "  # the runner's line once its imports are done
 WARM_TIMEOUT_S = 60.0  # the sandbox's boot plus the image's imports (pandas: ~2 s alone)
@@ -97,6 +99,8 @@ def await_warm(warm: WarmSandbox) -> None:
     except (ValueError, AttributeError):
         failed = []
     warm.failed_imports = tuple(str(name) for name in failed)
+    if warm.failed_imports:
+        log.warning("pool runner of %s could not import %s", warm.image.name, failed)
     warm.warm_at = time.monotonic()
 
 

@@ -11,7 +11,6 @@ one-shot SandboxRun, with the hand-over steps of HandOverRun.
 """
 
 import contextlib
-import logging
 import secrets
 import subprocess
 import threading
@@ -37,6 +36,7 @@ from sandcell.runtime.hand_over import (
     await_warm,
     waited,
 )
+from sandcell.runtime.one_shot import EXIT_WAIT_S
 from sandcell.runtime.reap import wait_until_gone
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import (
@@ -48,9 +48,7 @@ from sandcell.runtime.sandbox import (
 )
 from sandcell.runtime.scratch import Scratch
 
-log = logging.getLogger("sandcell.runtime.pool")
 MiB = 1024 * 1024
-EXIT_WAIT_S = 5.0
 
 
 class WarmFactory:
@@ -81,7 +79,7 @@ class WarmFactory:
         try:
             self._prepare(warm, list(preload))
             self._launch(warm)
-            self._await_warm(warm)
+            await_warm(warm)
         except (OSError, ScratchError, ValueError, RuntimeUnavailable) as exc:
             problems = self.destroy(warm)
             detail = exc.detail if isinstance(exc, RuntimeUnavailable) else str(exc)
@@ -138,13 +136,6 @@ class WarmFactory:
             env=RUNSC_ENV,
             start_new_session=True,
         )
-
-    def _await_warm(self, warm: WarmSandbox) -> None:
-        await_warm(warm)
-        if warm.failed_imports:
-            log.warning(
-                "pool runner of %s could not import %s", warm.image.name, warm.failed_imports
-            )
 
     def destroy(self, warm: WarmSandbox) -> list[str]:
         """Kill and remove everything of a warm sandbox (never handed a job, or done with it)."""
