@@ -138,6 +138,21 @@ def launcher(
     ]
 
 
+def teardown_scratch(scratch: Scratch) -> list[str]:
+    """Unmount and detach the scratch disk, waiting a moment if the kernel is still busy.
+
+    The sandbox's mount namespace (and a concurrent bwrap's copy of the host's mounts) can
+    outlive the last process by a moment, holding the loop device: then it is detached only
+    once the kernel lets go of it.
+    """
+    problems = scratch.teardown()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    while problems and time.monotonic() < deadline:
+        time.sleep(0.02)
+        problems = scratch.teardown()  # idempotent: only what is left is redone
+    return problems
+
+
 def memfd_with(name: str, data: bytes) -> int:
     fd = os.memfd_create(name, os.MFD_CLOEXEC)  # pass_fds hands it to bwrap, and nobody else
     os.write(fd, data)
@@ -329,18 +344,7 @@ class BwrapRun(OneShotRun):
         return [] if self.cgroup.remove() else [f"cgroup {self.cgroup.relpath}"]
 
     def _teardown_scratch(self) -> list[str]:
-        """Unmount and detach the scratch disk, waiting a moment if the kernel is still busy.
-
-        The sandbox's mount namespace (and a concurrent bwrap's copy of the host's mounts) can
-        outlive the last process by a moment, holding the loop device: then it is detached
-        only once the kernel lets go of it.
-        """
-        problems = self.scratch.teardown()
-        deadline = time.monotonic() + EXIT_WAIT_S
-        while problems and time.monotonic() < deadline:
-            time.sleep(0.02)
-            problems = self.scratch.teardown()  # idempotent: only what is left is redone
-        return problems
+        return teardown_scratch(self.scratch)
 
     def _uid_unused(self) -> list[str]:
         """A second, independent check: nothing on the host runs as the sandbox's uid."""

@@ -34,6 +34,7 @@ from sandcell.runtime.bwrap_run import (
     launcher,
     memfd_with,
     processes_of_uid,
+    teardown_scratch,
 )
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.ext4 import ScratchError
@@ -135,7 +136,7 @@ class BwrapWarmFactory:
             problems.append("processes left in the cgroup")
         elif not warm.cgroup.remove():
             problems.append(f"cgroup {warm.cgroup.relpath}")
-        problems += warm.scratch.teardown()
+        problems += teardown_scratch(warm.scratch)
         if warm.uid is not None:
             left = processes_of_uid(warm.uid)
             if left:
