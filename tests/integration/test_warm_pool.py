@@ -22,7 +22,16 @@ from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.runtime.pool import PoolConfig, WarmPool
 from sandcell.runtime.pooled import PooledRuntime, warm_factory
-from tests.integration.conftest import GUEST_ENV, IMAGE_DIR, RecordingSink, assert_released
+from tests.integration.conftest import IMAGE_DIR, RecordingSink, assert_released
+from tests.pool_jobs import (
+    LEAVE_BEHIND,
+    LIKE_COLD,
+    LIMIT_CASES,
+    LOOK_FOR_LEFTOVERS,
+    NOTHING_LEFT,
+    like_cold_stdout,
+    spec_for,
+)
 
 pytestmark = pytest.mark.gvisor
 PROFILE = Limits()
@@ -55,17 +64,6 @@ def pooled(gvisor: GVisorRuntime, python_image: Image) -> Iterator[PooledRuntime
     runtime.close()
     for sandbox_id in ids:
         assert_released(gvisor, sandbox_id)
-
-
-def spec_for(image: Image, code: str, **limits: float) -> SandboxSpec:
-    return SandboxSpec(
-        sandbox_id=f"job-{time.monotonic_ns()}",
-        image=image,
-        argv=[image.python, "/job/main.py"],
-        env=GUEST_ENV,
-        limits=Limits(**limits),  # type: ignore[arg-type]
-        code=code.encode(),
-    )
 
 
 @dataclass
@@ -105,20 +103,10 @@ def run_pooled(
 
 
 def test_a_pooled_job_runs_like_a_cold_one(pooled: PooledRuntime, python_image: Image) -> None:
-    code = (
-        "import os, sys\n"
-        "print(sys.argv, os.getcwd(), sorted(os.environ), sys.path[0], __name__, __file__)\n"
-        "print('to stderr', file=sys.stderr)\n"
-        "print(sys.stdin.read() == '', os.getuid())\n"
-        "raise SystemExit(3)\n"
-    )
-    result, sink = run_pooled(pooled, spec_for(python_image, code))
+    result, sink = run_pooled(pooled, spec_for(python_image, LIKE_COLD))
     assert (result.reason, result.exit_code) == (Reason.EXIT_CODE, 3)  # type: ignore[attr-defined]
     assert sink.events[0] == ("ready", b"")
-    env = sorted(GUEST_ENV)
-    assert sink.stdout == (
-        f"['/job/main.py'] /workspace {env} /job __main__ /job/main.py\nTrue 65534\n"
-    )
+    assert sink.stdout == like_cold_stdout()
     assert sink.stderr == "to stderr\n"  # nothing of the runner's imports or its own frames
 
 
@@ -135,23 +123,10 @@ def test_an_uncaught_exception_shows_only_the_jobs_frames(
 def test_nothing_of_one_job_is_visible_to_the_next(
     pooled: PooledRuntime, python_image: Image
 ) -> None:
-    first = (
-        "import os, json, builtins\n"
-        "for d in ('/workspace', '/tmp', '/output'):\n"
-        "    open(d + '/left-behind', 'w').write('secret')\n"
-        "os.environ['LEFT_BEHIND'] = '1'; json.LEFT_BEHIND = 1; builtins.LEFT_BEHIND = 1\n"
-        "print('written')\n"
-    )
-    second = (
-        "import os, json, builtins\n"
-        "print([os.path.exists(d + '/left-behind') for d in ('/workspace', '/tmp', '/output')],\n"
-        "      'LEFT_BEHIND' in os.environ, hasattr(json, 'LEFT_BEHIND'),\n"
-        "      hasattr(builtins, 'LEFT_BEHIND'))\n"
-    )
-    _, sink1 = run_pooled(pooled, spec_for(python_image, first))
+    _, sink1 = run_pooled(pooled, spec_for(python_image, LEAVE_BEHIND))
     assert sink1.stdout == "written\n" and "left-behind" in sink1.files
-    _, sink2 = run_pooled(pooled, spec_for(python_image, second))
-    assert sink2.stdout == "[False, False, False] False False False\n", sink2.stderr
+    _, sink2 = run_pooled(pooled, spec_for(python_image, LOOK_FOR_LEFTOVERS))
+    assert sink2.stdout == NOTHING_LEFT, sink2.stderr
     assert sink2.files == {}
 
 
@@ -273,14 +248,7 @@ def test_a_job_that_prints_the_exit_line_only_ends_itself_early(
     assert len(sink.early) == 1
 
 
-@pytest.mark.parametrize(
-    ("code", "limits", "reason"),
-    [
-        ("import time; print('sleeping', flush=True); time.sleep(60)", {"timeout_s": 1}, "timeout"),
-        ("x = bytearray(512 * 2**20); print('survived')", {"memory_mb": 64}, "memory"),
-        ("print('x' * 100_000)", {"output_mb": 0.01}, "output_limit"),
-    ],
-)
+@pytest.mark.parametrize(("code", "limits", "reason"), LIMIT_CASES)
 def test_limits_trip_with_the_right_reason_in_a_pooled_run(
     pooled: PooledRuntime,
     python_image: Image,
