@@ -98,7 +98,7 @@ def serve(
     server = uvicorn.Server(
         uvicorn.Config(api, host=settings.host, port=settings.port, log_config=None)
     )
-    stop_serving = lambda _status: setattr(server, "should_exit", True)  # noqa: E731
+    stop_serving = lambda: setattr(server, "should_exit", True)  # noqa: E731
     worker = None if no_worker else EmbeddedWorker(settings.data_dir, stop_serving)
     err.print(f"sandcell {__version__} on http://{settings.host}:{settings.port}")
     err.print(api_key_hint(settings), highlight=False, markup=False, soft_wrap=True)

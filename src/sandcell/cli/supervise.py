@@ -23,7 +23,7 @@ STOPPED_ON_REQUEST = 75  # EX_TEMPFAIL: the worker stopped because it was asked 
 
 
 class EmbeddedWorker:
-    def __init__(self, data_dir: Path, on_failure: Callable[[int], None]) -> None:
+    def __init__(self, data_dir: Path, on_failure: Callable[[], None]) -> None:
         self.data_dir, self.on_failure = data_dir, on_failure
         self._lock = threading.Lock()
         self._closing = False
@@ -49,7 +49,7 @@ class EmbeddedWorker:
                     break
                 log.warning("the worker stopped on an operator's request; starting a new one")
                 self.process = self._spawn()
-        self.on_failure(code)
+        self.on_failure()  # `failed_with` says how
 
     def close(self, timeout_s: float = 60) -> None:
         """Graceful stop of the current incarnation (SIGTERM), and no new one after it."""

@@ -12,6 +12,7 @@ from typing import Any, Protocol, runtime_checkable
 from sandcell.domain.limits import Limits
 from sandcell.ports.runtime import PlacedSink, SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime.bwrap import BwrapRuntime
+from sandcell.runtime.bwrap_warm import BwrapWarmFactory
 from sandcell.runtime.gvisor import SANDBOX_ID, GVisorRuntime
 from sandcell.runtime.hand_over import WarmSandbox
 from sandcell.runtime.pool import Factory, WarmPool, pool_refusal
@@ -32,8 +33,6 @@ class JobWarmFactory(Factory[WarmSandbox], Protocol):
 def warm_factory(runtime: GVisorRuntime | BwrapRuntime) -> JobWarmFactory:
     """Warm sandboxes under the runtime's own state dir and cgroup parent (so `reap` sees them)."""
     if isinstance(runtime, BwrapRuntime):
-        from sandcell.runtime.bwrap_warm import BwrapWarmFactory
-
         return BwrapWarmFactory(runtime)
     return WarmFactory(
         runtime.runsc,
