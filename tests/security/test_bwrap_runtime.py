@@ -25,6 +25,7 @@ from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.egress import EgressAttachment
 from sandcell.ports.runtime import SandboxSpec
+from sandcell.runtime.bundle import NOFILE
 from sandcell.runtime.bwrap import BwrapRuntime
 from sandcell.runtime.bwrap_run import processes_of_uid
 from sandcell.runtime.cgroups import CONTROLLERS
@@ -87,6 +88,23 @@ print(sum(os.waitstatus_to_exitcode(os.waitpid(k, 0)[1]) for k in kids))
 """
     ran = run_bwrap(code, pids=16)
     assert ran.result.reason is None and ran.sink.stdout == "0\n"
+
+
+def test_rlimits_are_set_soft_and_hard_and_cannot_be_raised(run_bwrap: RunCode) -> None:
+    code = """
+import resource as r
+kinds = (r.RLIMIT_NOFILE, r.RLIMIT_CORE, r.RLIMIT_FSIZE, r.RLIMIT_NPROC)
+print([r.getrlimit(kind) for kind in kinds])
+try:
+    r.setrlimit(r.RLIMIT_NOFILE, (4096, 4096))
+except (ValueError, OSError) as exc:
+    print(type(exc).__name__)
+"""
+    ran = run_bwrap(code, pids=16, disk_mb=8)
+    limits, raised = ran.sink.stdout.splitlines()
+    fsize, nproc = 8 * 1024 * 1024, 16 + 2 + 1  # the disk; pids + bwrap's two + the tripwire
+    assert limits == repr([(NOFILE, NOFILE), (0, 0), (fsize, fsize), (nproc, nproc)])
+    assert raised == "ValueError"  # "not allowed to raise maximum limit"
 
 
 def test_inode_flood_is_disk(run_bwrap: RunCode) -> None:

@@ -9,7 +9,7 @@ from sandcell.domain.limits import Limits
 from sandcell.ports.egress import GUEST_CA_BUNDLE, GUEST_SOCKET_DIR, EgressAttachment
 from sandcell.ports.runtime import SandboxSpec
 from sandcell.runtime import bwrap_run
-from sandcell.runtime.bundle import READY_PRINTF, oci_config
+from sandcell.runtime.bundle import NOFILE, READY_PRINTF, oci_config
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.network import BRIDGE_MEMORY_MB, bwrap_egress_launch
 from sandcell.runtime.runsc import Runsc
@@ -84,11 +84,20 @@ def bwrap_launch(egress: EgressAttachment | None) -> tuple[list[str], list[str]]
     return options, chain
 
 
+def launch_rlimits(chain: list[str]) -> dict[str, int]:
+    """The rlimits the chain's first step sets (its arguments after the cgroup files)."""
+    assert chain[:2] == [bwrap_run.LAUNCH_SHELL, "-c"]
+    at = chain.index("--") + 1
+    return dict(zip(("nofile", "fsize_blocks", "nproc"), map(int, chain[at : at + 3]), strict=True))
+
+
 def test_bwrap_without_egress_has_no_mount_step_no_bridge_and_no_extra_task() -> None:
     options, chain = bwrap_launch(None)
     assert GUEST_SOCKET_DIR not in options and GUEST_CA_BUNDLE not in options
     assert "unshare" not in chain and "mount" not in " ".join(chain)
-    assert "--nproc=7" in chain  # pids + bwrap's two tasks + the tripwire slot
+    # pids + bwrap's two tasks + the tripwire slot; the file size cap is the disk's
+    disk_blocks = Limits().disk_mb * 1024 * 1024 // 512
+    assert launch_rlimits(chain) == {"nofile": NOFILE, "fsize_blocks": disk_blocks, "nproc": 7}
     script = chain[chain.index("/bin/sh", chain.index("bwrap")) + 2]
     assert script.startswith(READY_PRINTF) and "-I" not in script
 
@@ -106,8 +115,8 @@ def test_bwrap_with_egress_binds_the_socket_dir_as_root_and_starts_the_bridge_fi
     unshare = chain.index("unshare")
     assert chain[unshare : unshare + 5] == ["unshare", "--mount", "--propagation", "slave", "--"]
     assert chain[unshare + 9 : unshare + 11] == [str(ATTACHMENT.socket_dir), mount_point]
-    assert unshare < chain.index("prlimit") < chain.index("setpriv") < chain.index("bwrap")
-    assert "--nproc=8" in chain  # the bridge's task on top
+    assert chain.index("--") < unshare < chain.index("setpriv") < chain.index("bwrap")
+    assert launch_rlimits(chain)["nproc"] == 8  # the bridge's task on top
     script = chain[chain.index("/bin/sh", chain.index("bwrap")) + 2]
     bridge_at, ready_at = script.index(f"{IMAGE.python} -I -S -c"), script.index(READY_PRINTF)
     assert bridge_at < ready_at and "127.0.0.1 3128 /run/sandcell/egress/proxy.sock" in script

@@ -50,7 +50,7 @@ from sandcell.runtime.scratch import Scratch, probe_loop_disk
 from sandcell.runtime.seccomp import compile_filter
 
 SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # names dirs and cgroups
-TOOLS = ("bwrap", "setpriv", "prlimit", "unshare", "mount")  # the last two: jobs with egress
+TOOLS = ("bwrap", "setpriv", "dash", "unshare", "mount")  # the last two: jobs with egress
 UID_BASE, UID_BLOCK, UID_BLOCKS = 1_000_000_000, 65536, 16384  # stays below 2**31
 PROBE_TIMEOUT_S = 30
 # What the probe sandbox must report about itself: the seccomp filter is on (mode 2),
