@@ -13,6 +13,18 @@ from contextlib import contextmanager
 from itertools import count
 from pathlib import Path
 
+from sandcell.domain.limits import Limits
+from sandcell.runtime.bwrap import BwrapRuntime
+from sandcell.runtime.bwrap_run import (
+    LAUNCH_ENV,
+    args_memfd,
+    cgroup_limits,
+    isolation_args,
+    launcher,
+    memfd_with,
+)
+from sandcell.runtime.cgroups import SandboxCgroup
+
 PYTHON = "/usr/bin/python3.11"
 MiB = 1024 * 1024
 
@@ -143,6 +155,48 @@ def raw_bwrap_once(rootfs: Path) -> Callable[[], None]:
         *(PYTHON, "-c", "print(1)"),
     ]
     return lambda: subprocess.run(argv, check=True, capture_output=True) and None
+
+
+@contextmanager
+def isolated_bwrap_launcher(rootfs: Path) -> Iterator[Callable[[], None]]:
+    """A function that starts `print(1)` in a bwrap sandbox with exactly the isolation issue 6
+    asks of the bwrap tier, launched as the runtime launches a job: a cgroup with the default
+    job limits, rlimits, a host uid of its own without capabilities, every namespace and the
+    seccomp filter. Nothing else: no scratch disk, no watch, no service. What no job on this
+    tier can beat, however lean the service around it."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as scratch:
+        Path(scratch).chmod(0o711)
+        runtime = BwrapRuntime(Path(scratch))
+        limits = Limits()
+        fs = ["--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "--clearenv"]
+        counter = count()
+
+        def once() -> None:
+            uid = runtime.uids.take()
+            cgroup = SandboxCgroup(f"{runtime.cgroup_parent}/floor-{next(counter)}")
+            cgroup.create(cgroup_limits(limits, runtime.overhead_mb))
+            seccomp_fd = memfd_with("sandcell-seccomp", runtime.seccomp_filter())
+            args_fd = args_memfd([*isolation_args(seccomp_fd), *fs])
+            try:
+                done = subprocess.run(
+                    launcher(cgroup, uid, limits, args_fd, [PYTHON, "-c", "print(1)"]),
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    env=LAUNCH_ENV,
+                    pass_fds=(seccomp_fd, args_fd),
+                    start_new_session=True,
+                )
+            finally:
+                os.close(seccomp_fd)
+                os.close(args_fd)
+            if done.stdout != b"1\n" or not cgroup.remove():
+                raise RuntimeError(f"isolated bwrap failed: {done.stderr[-500:]!r}")
+            runtime.uids.give_back(uid)
+
+        try:
+            yield once
+        finally:
+            runtime.close()
 
 
 def pss_mib(marker: str) -> tuple[float, int]:

@@ -26,6 +26,7 @@ from bench import _http as jobs
 from bench._baselines import (
     bare_python,
     busy_cpu_s,
+    isolated_bwrap_launcher,
     process_cpu_s,
     pss_mib,
     rate,
@@ -267,14 +268,22 @@ def _wait_for_pool(http: Any, kind: str, image: str, count: int = 1) -> None:
 def throughput(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
     rootfs = FilesystemImageCatalog(IMAGE_DIR).get("python").rootfs
     result: dict[str, Any] = {}
-    with runsc_launcher(rootfs) as runsc_once:
+    with runsc_launcher(rootfs) as runsc_once, isolated_bwrap_launcher(rootfs) as isolated_once:
         raw: dict[str, Callable[[], None]] = {"gvisor": runsc_once, "bwrap": raw_bwrap_once(rootfs)}
+        floors = {"bwrap": isolated_once}
         for runtime in ("gvisor", "bwrap"):
-            result[runtime] = _throughput(plan, runtime, raw[runtime])
+            result[runtime] = _throughput(plan, runtime, raw[runtime], floors.get(runtime))
     return result
 
 
-def _throughput(plan: Plan, runtime: str, raw_once: Callable[[], None]) -> dict[str, Any]:
+def _throughput(
+    plan: Plan,
+    runtime: str,
+    raw_once: Callable[[], None],
+    floor_once: Callable[[], None] | None = None,
+) -> dict[str, Any]:
+    """sandcell's rate against the raw tool's; with `floor_once`, also the rate of the bare
+    isolation the runtime must apply (see isolated_bwrap_launcher), in the same rounds."""
     env = COLD | {"SANDCELL_RUNTIME": runtime, "SANDCELL_WORKER_SLOTS": "16"}
     if runtime == "bwrap":
         env["SANDCELL_ALLOW_WEAK_ISOLATION"] = "1"
@@ -288,13 +297,15 @@ def _throughput(plan: Plan, runtime: str, raw_once: Callable[[], None]) -> dict[
         job = lambda: jobs.completed(jobs.run_job(http, TRIVIAL))  # noqa: E731
         for c in plan.concurrency:
             share = plan.jobs_per_round(runtime, c)
-            ours, theirs = _Spent(), _Spent()
+            ours, theirs, floor = _Spent(), _Spent(), _Spent()
             service_before = process_cpu_s(str(scratch / runtime))
             # Ours and raw take turns, a share of the jobs each: this VM's speed drifts by the
             # minute, and two long runs one after the other would each see a different machine.
             for _ in range(plan.rounds):
                 ours.add(job, share, c)
                 theirs.add(raw_once, share, c)
+                if floor_once is not None:
+                    floor.add(floor_once, share, c)
             service = _spent(service_before, scratch / runtime)
             out[f"c{c}"] = {
                 "jobs_per_s": ours.rate(),
@@ -306,6 +317,11 @@ def _throughput(plan: Plan, runtime: str, raw_once: Callable[[], None]) -> dict[
                 "raw_cpu_ms_per_start": theirs.cpu_ms_per_action(),
                 **{f"{role}_cpu_ms_per_job": round(s / ours.done * 1000, 1) for role, s in service},
             }
+            if floor.done:
+                out[f"c{c}"] |= {
+                    "isolation_floor_per_s": floor.rate(),
+                    "isolation_floor_cpu_ms_per_start": floor.cpu_ms_per_action(),
+                }
         if runtime == "bwrap":
             out["egress_job"] = _egress_probe(http)
     return out
