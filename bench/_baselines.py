@@ -13,17 +13,19 @@ from contextlib import contextmanager
 from itertools import count
 from pathlib import Path
 
+from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
+from sandcell.ports.runtime import SandboxSpec
+from sandcell.runtime.bundle import oci_config, write_config
 from sandcell.runtime.bwrap import BwrapRuntime
-from sandcell.runtime.bwrap_run import (
-    LAUNCH_ENV,
-    args_memfd,
-    cgroup_limits,
-    isolation_args,
-    launcher,
-    memfd_with,
-)
+from sandcell.runtime.bwrap_run import LAUNCH_ENV, args_memfd, isolation_args, launcher, memfd_with
+from sandcell.runtime.bwrap_run import cgroup_limits as bwrap_cgroup_limits
 from sandcell.runtime.cgroups import SandboxCgroup
+from sandcell.runtime.gvisor import GVisorRuntime
+from sandcell.runtime.one_shot import EXIT_WAIT_S
+from sandcell.runtime.sandbox import JOIN_CGROUPS
+from sandcell.runtime.sandbox import cgroup_limits as runsc_cgroup_limits
+from sandcell.runtime.scratch import Scratch
 
 PYTHON = "/usr/bin/python3.11"
 MiB = 1024 * 1024
@@ -157,24 +159,44 @@ def raw_bwrap_once(rootfs: Path) -> Callable[[], None]:
     return lambda: subprocess.run(argv, check=True, capture_output=True) and None
 
 
+FLOOR_ENV = {"PATH": "/usr/bin:/bin"}
+
+
+def _contract_dirs(root: Path) -> Scratch:
+    """Plain directories for the contract's /job, /input, /workspace and /output (a floor has
+    no scratch disk); the two writable ones for whatever uid a floor sandbox runs as."""
+    scratch = Scratch(root)
+    for path in (scratch.bundle, scratch.job, scratch.input, scratch.workspace, scratch.output):
+        path.mkdir(parents=True)
+    for path in (scratch.workspace, scratch.output):
+        path.chmod(0o777)
+    return scratch
+
+
 @contextmanager
 def isolated_bwrap_launcher(rootfs: Path) -> Iterator[Callable[[], None]]:
-    """A function that starts `print(1)` in a bwrap sandbox with exactly the isolation issue 6
-    asks of the bwrap tier, launched as the runtime launches a job: a cgroup with the default
-    job limits, rlimits, a host uid of its own without capabilities, every namespace and the
-    seccomp filter. Nothing else: no scratch disk, no watch, no service. What no job on this
-    tier can beat, however lean the service around it."""
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as scratch:
-        Path(scratch).chmod(0o711)
-        runtime = BwrapRuntime(Path(scratch))
+    """A function that starts `print(1)` in a bwrap sandbox with only what issue 6 and the
+    contract ask of that tier, launched as the runtime launches a job: a cgroup with the
+    default job limits, rlimits, a host uid of its own without capabilities, every namespace,
+    the seccomp filter, the image root read-only and the contract's four directories. No
+    scratch disk, no ready line, no watch, no service: what no job on this tier can beat."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as state:
+        Path(state).chmod(0o711)
+        runtime = BwrapRuntime(Path(state))
+        dirs = _contract_dirs(Path(state) / "floor")
         limits = Limits()
-        fs = ["--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "--clearenv"]
+        fs = [
+            *("--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev"),
+            *("--ro-bind", str(dirs.job), "/job", "--ro-bind", str(dirs.input), "/input"),
+            *("--bind", str(dirs.workspace), "/workspace", "--bind", str(dirs.output), "/output"),
+            *("--chdir", "/workspace", "--clearenv", "--setenv", "PATH", FLOOR_ENV["PATH"]),
+        ]
         counter = count()
 
         def once() -> None:
             uid = runtime.uids.take()
             cgroup = SandboxCgroup(f"{runtime.cgroup_parent}/floor-{next(counter)}")
-            cgroup.create(cgroup_limits(limits, runtime.overhead_mb))
+            cgroup.create(bwrap_cgroup_limits(limits, runtime.overhead_mb))
             seccomp_fd = memfd_with("sandcell-seccomp", runtime.seccomp_filter())
             args_fd = args_memfd([*isolation_args(seccomp_fd), *fs])
             try:
@@ -192,6 +214,42 @@ def isolated_bwrap_launcher(rootfs: Path) -> Iterator[Callable[[], None]]:
             if done.stdout != b"1\n" or not cgroup.remove():
                 raise RuntimeError(f"isolated bwrap failed: {done.stderr[-500:]!r}")
             runtime.uids.give_back(uid)
+
+        try:
+            yield once
+        finally:
+            runtime.close()
+
+
+@contextmanager
+def contract_runsc_launcher(image: Image) -> Iterator[Callable[[], None]]:
+    """A function that runs `print(1)` under `runsc run` with only what the contract asks of a
+    gVisor job, as the runtime launches one: its OCI bundle (uid 65534 without capabilities,
+    no_new_privs, rlimits, the io_uring-denying seccomp filter, the image root read-only, the
+    contract's four directories) and runsc flags, in a cgroup with the default job limits. No
+    scratch disk, no ready line, no helper mounts, no watch, no service."""
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as state:
+        runtime = GVisorRuntime(Path(state))
+        dirs = _contract_dirs(Path(state) / "floor")
+        spec = SandboxSpec("floor", image, [image.python, "-c", "print(1)"], FLOOR_ENV, Limits())
+        config = oci_config(spec, dirs)
+        config["process"]["args"] = spec.argv  # the program itself, not the ready wrapper
+        write_config(config, dirs.bundle)
+        counter = count()
+
+        def once() -> None:
+            name = f"floor-{next(counter)}"
+            cgroup = SandboxCgroup(f"{runtime.cgroup_parent}/{name}")
+            cgroup.create(runsc_cgroup_limits(spec.limits, runtime.overhead_mb))
+            run = runtime.runsc.run_argv(dirs.bundle, name, Path(state) / f"{name}.log")
+            done = subprocess.run(
+                [*JOIN_CGROUPS, *map(str, cgroup.procs_files()), "--", *run],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                start_new_session=True,
+            )
+            if done.stdout != b"1\n" or not cgroup.remove(EXIT_WAIT_S):
+                raise RuntimeError(f"contract runsc failed: {done.stderr[-500:]!r}")
 
         try:
             yield once

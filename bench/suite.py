@@ -26,6 +26,7 @@ from bench import _http as jobs
 from bench._baselines import (
     bare_python,
     busy_cpu_s,
+    contract_runsc_launcher,
     isolated_bwrap_launcher,
     process_cpu_s,
     pss_mib,
@@ -266,24 +267,25 @@ def _wait_for_pool(http: Any, kind: str, image: str, count: int = 1) -> None:
 
 
 def throughput(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
-    rootfs = FilesystemImageCatalog(IMAGE_DIR).get("python").rootfs
+    image = FilesystemImageCatalog(IMAGE_DIR).get("python")
     result: dict[str, Any] = {}
-    with runsc_launcher(rootfs) as runsc_once, isolated_bwrap_launcher(rootfs) as isolated_once:
-        raw: dict[str, Callable[[], None]] = {"gvisor": runsc_once, "bwrap": raw_bwrap_once(rootfs)}
-        floors = {"bwrap": isolated_once}
+    with (
+        runsc_launcher(image.rootfs) as runsc_once,
+        contract_runsc_launcher(image) as contract_runsc_once,
+        isolated_bwrap_launcher(image.rootfs) as isolated_bwrap_once,
+    ):
+        raw = {"gvisor": runsc_once, "bwrap": raw_bwrap_once(image.rootfs)}
+        floors = {"gvisor": contract_runsc_once, "bwrap": isolated_bwrap_once}
         for runtime in ("gvisor", "bwrap"):
-            result[runtime] = _throughput(plan, runtime, raw[runtime], floors.get(runtime))
+            result[runtime] = _throughput(plan, runtime, raw[runtime], floors[runtime])
     return result
 
 
 def _throughput(
-    plan: Plan,
-    runtime: str,
-    raw_once: Callable[[], None],
-    floor_once: Callable[[], None] | None = None,
+    plan: Plan, runtime: str, raw_once: Callable[[], None], floor_once: Callable[[], None]
 ) -> dict[str, Any]:
-    """sandcell's rate against the raw tool's; with `floor_once`, also the rate of the bare
-    isolation the runtime must apply (see isolated_bwrap_launcher), in the same rounds."""
+    """sandcell's rate against the raw tool's and against the floor: the tool with only the
+    isolation the contract requires (see contract_runsc_launcher, isolated_bwrap_launcher)."""
     env = COLD | {"SANDCELL_RUNTIME": runtime, "SANDCELL_WORKER_SLOTS": "16"}
     if runtime == "bwrap":
         env["SANDCELL_ALLOW_WEAK_ISOLATION"] = "1"
@@ -304,8 +306,7 @@ def _throughput(
             for _ in range(plan.rounds):
                 ours.add(job, share, c)
                 theirs.add(raw_once, share, c)
-                if floor_once is not None:
-                    floor.add(floor_once, share, c)
+                floor.add(floor_once, share, c)
             service = _spent(service_before, scratch / runtime)
             out[f"c{c}"] = {
                 "jobs_per_s": ours.rate(),
@@ -316,12 +317,10 @@ def _throughput(
                 "cpu_ms_per_job": ours.cpu_ms_per_action(),
                 "raw_cpu_ms_per_start": theirs.cpu_ms_per_action(),
                 **{f"{role}_cpu_ms_per_job": round(s / ours.done * 1000, 1) for role, s in service},
+                "floor_per_s": floor.rate(),
+                "floor_cpu_ms_per_start": floor.cpu_ms_per_action(),
+                "floor_vs_raw": ratio(floor.rate(), theirs.rate()),
             }
-            if floor.done:
-                out[f"c{c}"] |= {
-                    "isolation_floor_per_s": floor.rate(),
-                    "isolation_floor_cpu_ms_per_start": floor.cpu_ms_per_action(),
-                }
         if runtime == "bwrap":
             out["egress_job"] = _egress_probe(http)
     return out
