@@ -108,8 +108,11 @@ def test_a_submitted_job_is_claimed_without_waiting_for_the_poll(
         serving = threading.Thread(target=worker.serve, args=(stop,))
         serving.start()
         try:
-            time.sleep(0.3)  # past the worker's first tick: from now on only a wake-up claims
             alice = api.tenant("alice")
+            # The worker's first tick (registration, housekeeping on cold connections) claims
+            # a job submitted while it runs; under load it can take a second. Once a first
+            # job is done, the worker waits, and from then on only a wake-up claims.
+            assert _run(api.http, alice)["state"] == "completed"
             records = [_run(api.http, alice) for _ in range(3)]
         finally:
             stop.set()
