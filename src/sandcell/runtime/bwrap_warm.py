@@ -45,9 +45,9 @@ from sandcell.runtime.hand_over import (
     HandOverRun,
     WarmSandbox,
     await_warm,
-    waited,
 )
 from sandcell.runtime.one_shot import EXIT_WAIT_S
+from sandcell.runtime.reap import waited
 from sandcell.runtime.scratch import Scratch
 
 MiB = 1024 * 1024

@@ -128,14 +128,6 @@ def available_stderr(proc: subprocess.Popen[bytes]) -> str:
     return os.read(fd, 2000).decode("utf-8", "replace").strip() if ready else ""
 
 
-def waited(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        return False
-    return True
-
-
 class HandOverRun(OneShotRun):
     """One job in a warm sandbox: hand-over instead of launch; listed before the runtime's
     own run class (`class PooledRun(HandOverRun, SandboxRun)`), whose steps it completes."""

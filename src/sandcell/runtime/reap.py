@@ -84,6 +84,15 @@ def processes_mentioning(text: str) -> list[int]:
     return found
 
 
+def waited(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
+    """Whether `proc` exited within `timeout_s` (reaped if it did)."""
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
 def wait_until_gone(sandbox_id: str, timeout_s: float = 5.0) -> list[str]:
     """Released means no host process left: runsc's processes exit a moment after their
     cgroup empties, so wait for them; report any that stay."""

@@ -20,7 +20,7 @@ from sandcell.domain.errors import PreviewUnavailable, RuntimeUnavailable, Sessi
 from sandcell.ports.sessions import CellEvent, CellResult, SessionSpec
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.kernel_channel import CellCollector, KernelChannel
-from sandcell.runtime.reap import wait_until_gone
+from sandcell.runtime.reap import wait_until_gone, waited
 from sandcell.runtime.runsc import RunscError
 from sandcell.runtime.sandbox import BOOT_CPUS, RUNSC_ENV, boot_cpus
 from sandcell.runtime.session_preview import (
@@ -290,13 +290,13 @@ class GVisorSession:
         if self.channel is not None:
             self.channel.close()
         if proc is not None and self.state is State.PAUSING:
-            _wait_quietly(proc, EXIT_WAIT_S)  # a checkpoint ends the sandbox by itself
+            waited(proc, EXIT_WAIT_S)  # a checkpoint ends the sandbox by itself
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(RunscError):  # the cgroup sweep below needs no runsc
                 runsc.kill_all(self.sandbox_id)
-            if not _wait_quietly(proc, EXIT_WAIT_S):
+            if not waited(proc, EXIT_WAIT_S):
                 self.parts.cgroup.kill_all()
-                _wait_quietly(proc, EXIT_WAIT_S)
+                waited(proc, EXIT_WAIT_S)
         if runsc.has_state(self.sandbox_id):
             runsc.delete(self.sandbox_id)
         return []
@@ -322,14 +322,6 @@ def _first_of(a: threading.Event, b: threading.Event, timeout_s: float) -> threa
                 return event
         a.wait(0.02)
     return None
-
-
-def _wait_quietly(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
-    try:
-        proc.wait(timeout_s)
-    except subprocess.TimeoutExpired:
-        return False
-    return True
 
 
 def _tail(path: Path, limit: int = 1000) -> str:

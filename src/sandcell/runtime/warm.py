@@ -34,10 +34,9 @@ from sandcell.runtime.hand_over import (
     HandOverRun,
     WarmSandbox,
     await_warm,
-    waited,
 )
 from sandcell.runtime.one_shot import EXIT_WAIT_S
-from sandcell.runtime.reap import wait_until_gone
+from sandcell.runtime.reap import wait_until_gone, waited
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import (
     JOIN_CGROUPS,
