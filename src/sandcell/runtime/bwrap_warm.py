@@ -13,7 +13,6 @@ thread, which lives until the pool is closed, and closing the pool destroys ever
 sandbox anyway.
 """
 
-import contextlib
 import os
 import secrets
 import subprocess
@@ -45,9 +44,8 @@ from sandcell.runtime.hand_over import (
     HandOverRun,
     WarmSandbox,
     await_warm,
+    stop_runner,
 )
-from sandcell.runtime.one_shot import EXIT_WAIT_S
-from sandcell.runtime.reap import waited
 from sandcell.runtime.scratch import Scratch
 
 MiB = 1024 * 1024
@@ -130,7 +128,7 @@ class BwrapWarmFactory:
         """Kill and remove everything of a warm sandbox never handed a job; its uid is given
         back once nothing runs as it."""
         if warm.proc is not None:
-            self._stop(warm, warm.proc)
+            stop_runner(warm, warm.proc)
         problems: list[str] = []
         if not warm.cgroup.kill_all():
             problems.append("processes left in the cgroup")
@@ -144,19 +142,6 @@ class BwrapWarmFactory:
             elif not problems:
                 self.runtime.uids.give_back(warm.uid)
         return problems
-
-    @staticmethod
-    def _stop(warm: WarmSandbox, proc: subprocess.Popen[bytes]) -> None:
-        """End the runner: EOF for an idle one, then kill the cgroup if need be."""
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()  # an idle runner exits on EOF
-        if not waited(proc, 0.5):
-            warm.cgroup.kill_all()
-            waited(proc, EXIT_WAIT_S)
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
 
     def fit(self, warm: WarmSandbox, limits: Limits) -> None:
         """Tighten the cgroup to the job's budget; OSError if the kernel refuses."""

@@ -19,6 +19,7 @@ import os
 import select
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +32,8 @@ from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.runtime.bundle import check_env
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.fork_watch import ForkWatch
-from sandcell.runtime.one_shot import OneShotRun
+from sandcell.runtime.one_shot import EXIT_WAIT_S, OneShotRun
+from sandcell.runtime.reap import waited
 from sandcell.runtime.scratch import Scratch
 from sandcell.runtime.streams import Streams
 
@@ -126,6 +128,25 @@ def available_stderr(proc: subprocess.Popen[bytes]) -> str:
     fd = proc.stderr.fileno()
     ready, _, _ = select.select([fd], [], [], 0)
     return os.read(fd, 2000).decode("utf-8", "replace").strip() if ready else ""
+
+
+def stop_runner(
+    warm: WarmSandbox, proc: subprocess.Popen[bytes], ask_to_exit: Callable[[], None] | None = None
+) -> None:
+    """End a warm sandbox's runner: EOF for an idle one; then the runtime's own kill
+    (`ask_to_exit`, if it has one), then its cgroup's, each only if the last did not do."""
+    if proc.stdin is not None:
+        with contextlib.suppress(OSError):
+            proc.stdin.close()  # an idle runner exits on EOF
+    if not waited(proc, 0.5):
+        if ask_to_exit is not None:
+            ask_to_exit()
+        if ask_to_exit is None or not waited(proc, EXIT_WAIT_S):
+            warm.cgroup.kill_all()
+            waited(proc, EXIT_WAIT_S)
+    for pipe in (proc.stdout, proc.stderr):
+        if pipe is not None:
+            pipe.close()
 
 
 class HandOverRun(OneShotRun):

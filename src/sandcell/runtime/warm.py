@@ -34,9 +34,9 @@ from sandcell.runtime.hand_over import (
     HandOverRun,
     WarmSandbox,
     await_warm,
+    stop_runner,
 )
-from sandcell.runtime.one_shot import EXIT_WAIT_S
-from sandcell.runtime.reap import wait_until_gone, waited
+from sandcell.runtime.reap import wait_until_gone
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import (
     JOIN_CGROUPS,
@@ -141,7 +141,7 @@ class WarmFactory:
         if warm.forks is not None:
             warm.forks.stop()
         if warm.proc is not None:
-            self._stop(warm, warm.proc)
+            stop_runner(warm, warm.proc, lambda: self._kill_container(warm))
         problems: list[str] = []
         with contextlib.suppress(RunscError):
             if self.runsc.has_state(warm.sandbox_id):
@@ -155,20 +155,9 @@ class WarmFactory:
             problems.append("runsc container state")
         return problems + wait_until_gone(warm.sandbox_id)
 
-    def _stop(self, warm: WarmSandbox, proc: subprocess.Popen[bytes]) -> None:
-        """End the sandbox's `runsc run`: EOF for an idle runner, then kill if need be."""
-        if proc.stdin is not None:
-            with contextlib.suppress(OSError):
-                proc.stdin.close()  # an idle runner exits on EOF
-        if not waited(proc, 0.5):
-            with contextlib.suppress(RunscError):
-                self.runsc.kill_all(warm.sandbox_id)
-            if not waited(proc, EXIT_WAIT_S):
-                warm.cgroup.kill_all()
-                waited(proc, EXIT_WAIT_S)
-        for pipe in (proc.stdout, proc.stderr):
-            if pipe is not None:
-                pipe.close()
+    def _kill_container(self, warm: WarmSandbox) -> None:
+        with contextlib.suppress(RunscError):
+            self.runsc.kill_all(warm.sandbox_id)
 
 
 class PooledRun(HandOverRun, SandboxRun):
