@@ -9,7 +9,7 @@ from sandcell.domain.limits import Limits
 from sandcell.ports.egress import GUEST_CA_BUNDLE, GUEST_SOCKET_DIR, EgressAttachment
 from sandcell.ports.runtime import SandboxSpec
 from sandcell.runtime import bwrap_run
-from sandcell.runtime.bundle import NOFILE, READY_PRINTF, oci_config
+from sandcell.runtime.bundle import NOFILE, READY_PRINTF, oci_config, program
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.network import BRIDGE_MEMORY_MB, bwrap_egress_launch
 from sandcell.runtime.runsc import Runsc
@@ -21,8 +21,11 @@ ATTACHMENT = EgressAttachment(Path("/state/egress/j-1/sock"), Path("/state/egres
 RUN = (Path("/bundle"), "j-1", Path("/log"))  # run_argv's bundle, sandbox id, log
 
 
+JOB_ENV = {"HOME": "/workspace"}  # a job always has HOME: runsc adds none
+
+
 def config(egress: EgressAttachment | None) -> dict[str, Any]:
-    spec = SandboxSpec("j-1", IMAGE, [IMAGE.python, "/job/main.py"], {}, Limits(pids=4))
+    spec = SandboxSpec("j-1", IMAGE, [IMAGE.python, "/job/main.py"], JOB_ENV, Limits(pids=4))
     return oci_config(replace(spec, egress=egress), Scratch(Path("/state/sandboxes/j-1")))
 
 
@@ -35,8 +38,9 @@ def test_without_egress_nothing_of_it_is_in_the_bundle() -> None:
     cfg = config(None)
     destinations = {m["destination"] for m in cfg["mounts"]}
     assert GUEST_SOCKET_DIR not in destinations and GUEST_CA_BUNDLE not in destinations
-    script = cfg["process"]["args"][2]
-    assert script.startswith(READY_PRINTF) and "-I" not in script
+    python, flag, script, main = cfg["process"]["args"]  # the as_script bootstrap, no bridge
+    assert (python, flag, main) == (IMAGE.python, "-c", "/job/main.py")
+    assert script.endswith("\nstart()\n") and "-I -S" not in script
     assert nproc(cfg) == 4 + 1
     assert not any("host-uds" in arg for arg in Runsc("runsc", Path("/r")).run_argv(*RUN))
 
@@ -128,3 +132,18 @@ def test_bwrap_adds_the_bridge_memory_and_task_to_the_cgroup() -> None:
     with_egress = bwrap_run.cgroup_limits(limits, 16, egress=True)
     assert with_egress.memory_bytes - without.memory_bytes == BRIDGE_MEMORY_MB * 1024 * 1024
     assert (without.pids_max, with_egress.pids_max) == (4 + 2, 4 + 2 + 1)
+
+
+def test_only_a_jobs_own_code_with_home_skips_the_shell_wrapper() -> None:
+    """The bootstrap runs `python /job/main.py` itself; everything else execs from the shell."""
+    job = SandboxSpec("j-1", IMAGE, [IMAGE.python, "/job/main.py"], JOB_ENV, Limits())
+    assert program(job)[:2] == [IMAGE.python, "-c"]
+    others = [
+        replace(job, argv=[IMAGE.python, "-c", "print(1)"]),  # a command of the tenant's
+        replace(job, argv=["/usr/bin/env", IMAGE.python, "/job/main.py"]),
+        replace(job, env={}),  # runsc would add HOME; only the shell's exec drops it
+        replace(job, egress=ATTACHMENT),  # the bridge starts before the ready line
+    ]
+    for spec in others:
+        argv = program(spec)
+        assert argv[:2] == ["/bin/sh", "-c"] and argv[-len(spec.argv) :] == spec.argv

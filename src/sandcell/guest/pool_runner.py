@@ -26,7 +26,6 @@ Before the job, stdout and stderr go to /dev/null: nothing the imports say becom
 """
 
 import atexit
-import builtins
 import contextlib
 import gc
 import importlib
@@ -34,20 +33,17 @@ import importlib.machinery
 import io
 import json
 import os
-import signal
 import sys
-import types
 from typing import Any, NoReturn
 
 from . import memory_fonts
+from .as_script import MAIN, READY_MARKER, run_main
 
 WARM_MARKER = b"\x1esandcell-warm "
-READY_MARKER = b"\x1esandcell-ready\n"  # the same line the bundle's shell wrapper prints
 EXIT_MARKER = b"\x1esandcell-exit %d\n"
-MAIN = "/job/main.py"
 MAX_JOB_LINE = 1 << 20
 RUNNER_PID = os.getpid()  # the runner itself; a process the job forks is another
-RUNNER_MODULES = ("sandcell", "sandcell.pool_runner", "sandcell.memory_fonts")
+RUNNER_MODULES = ("sandcell", "sandcell.pool_runner", "sandcell.memory_fonts", "sandcell.as_script")
 
 
 def preload(modules: list[str]) -> list[str]:
@@ -105,40 +101,6 @@ def become(job: dict[str, Any], base_path: list[str]) -> None:
                 stream.reconfigure(write_through=True)
     for name in RUNNER_MODULES:  # `import sandcell` must fail as it does in a cold sandbox
         sys.modules.pop(name, None)
-
-
-def run_main() -> None:
-    """Run /job/main.py as `__main__`; an uncaught exception ends it as python's own would."""
-    main = types.ModuleType("__main__")
-    main.__dict__.update(
-        __file__=MAIN,
-        __builtins__=builtins,
-        __cached__=None,
-        __loader__=importlib.machinery.SourceFileLoader("__main__", MAIN),
-    )
-    sys.modules["__main__"] = main
-    try:
-        with open(MAIN, "rb") as source:
-            code = compile(source.read(), MAIN, "exec", dont_inherit=True)
-        exec(code, main.__dict__)
-    except SystemExit:
-        raise
-    except BaseException as exc:
-        report(exc)
-
-
-def report(exc: BaseException) -> None:
-    """Print the traceback from the job's first frame on, and exit like python does."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename != MAIN:
-        tb = tb.tb_next  # a SyntaxError has no frame of the job's: python shows none either
-    sys.excepthook(type(exc), exc.with_traceback(tb), tb)  # 3.11 prints exc's own traceback
-    if isinstance(exc, KeyboardInterrupt):
-        with contextlib.suppress(OSError):
-            sys.stdout.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    sys.exit(1)
 
 
 def exit_status(exc: SystemExit) -> int:
