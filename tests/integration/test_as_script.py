@@ -15,8 +15,7 @@ from tests.integration.conftest import GUEST_ENV, Ran, RunCode
 
 pytestmark = pytest.mark.gvisor
 
-# A job always has HOME (the worker's base environment); without it the shell wrapper runs.
-JOB_ENV = GUEST_ENV | {"HOME": "/workspace"}
+JOB_ENV = GUEST_ENV  # with HOME, as every job has it (without, the shell wrapper runs)
 
 SELF = '''"""The module's docstring."""
 import os, pickle, sys
