@@ -80,9 +80,11 @@ class EarlySink(Protocol):
 
     A warm sandbox's runner says when the job's code is done (see runtime/streams.py); gVisor's
     own teardown and the verified release then take another ~20 ms, which the job's caller
-    need not wait for. `ended` is called at most once, from `run`'s own thread, with a final
-    result (outputs collected, `released` False); `run` still releases everything before it
-    returns, and returns that same result with `released` set. Only an exit within every
+    need not wait for. A one-shot sandbox reports once it has exited and its outputs are
+    collected, before its cgroup and scratch disk are removed and checked (10-30 ms).
+    `ended` is called at most once, from `run`'s own thread, with a final result (outputs
+    collected, `released` False); `run` still releases everything before it returns, and
+    returns that same result with `released` set. Only an exit within every
     limit (reason None or exit_code) is reported early: a limit's end waits for the release.
     """
 

@@ -229,11 +229,12 @@ class HandOverRun(OneShotRun):
             return None
         self._take_usage(streams)
         self._collect(streams)
-        if streams.error is not None:
-            return None  # the sink failed while collecting: the ordinary end reports it
-        result.usage, result.pooled = self._usage_now(), True
-        self.sink.ended(result)
-        return result
+        # The sink may fail while collecting: then the ordinary end reports it.
+        return result if self._end_early(streams, result) else None
+
+    def _end_early(self, streams: Streams, result: SandboxResult) -> bool:
+        result.pooled = True  # what the early record says; PooledRuntime marks the final one
+        return super()._end_early(streams, result)
 
     def _take_usage(self, streams: Streams) -> None:
         super()._take_usage(streams)

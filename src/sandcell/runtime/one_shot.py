@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
-from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
+from sandcell.ports.runtime import EarlySink, SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.ext4 import ScratchError
 from sandcell.runtime.outputs import collect_outputs
@@ -71,6 +71,7 @@ class OneShotRun(ABC):
             return early
         result = self._decide(streams, exit_code)
         self._collect(streams)
+        self._end_early(streams, result)
         return result
 
     def _watch(self, streams: Streams) -> None:
@@ -106,6 +107,19 @@ class OneShotRun(ABC):
         """A run that knows its program's end before the sandbox exits reports it here (and
         returns it); see ports.runtime.EarlySink."""
         return None
+
+    def _end_early(self, streams: Streams, result: SandboxResult) -> bool:
+        """Hand a clean end (decided, outputs collected) to an EarlySink before the release:
+        removing the sandbox from the host (its cgroup, its scratch disk, the checks that
+        nothing is left; 10-30 ms) need not hold up the job's caller. A limit's end, or a
+        sink that failed, waits for the release."""
+        if result.reason not in (None, Reason.EXIT_CODE) or streams.error is not None:
+            return False
+        if not isinstance(self.sink, EarlySink):
+            return False
+        result.usage = self._usage_now()
+        self.sink.ended(result)
+        return True
 
     def _before_release(self) -> None:
         """A step of the run's own before the sandbox is released (a warm runner's exit)."""
