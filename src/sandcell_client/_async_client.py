@@ -14,6 +14,7 @@ from sandcell_client._base import (
     DEFAULT_TIMEOUT,
     LONG_POLL_S,
     NODELAY,
+    POOL,
     BaseClient,
     Call,
     Content,
@@ -86,7 +87,7 @@ class AsyncClient(BaseClient):
             base_url=self.base_url,
             headers=self._headers,
             timeout=timeout,
-            transport=transport or httpx.AsyncHTTPTransport(socket_options=NODELAY),
+            transport=transport or httpx.AsyncHTTPTransport(socket_options=NODELAY, limits=POOL),
         )
         self.sessions = AsyncSessions(self)
 

@@ -28,6 +28,11 @@ SLOW_TIMEOUT = 120.0  # starting, pausing and resuming a session's sandbox
 # TCP_NODELAY: a request's headers and body are separate writes, and Nagle would hold the body
 # back for the server's delayed ACK (~40 ms) on every POST.
 NODELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+# An idle pooled connection is dropped after this long, before the server closes its side
+# (sandcell's: 30 s; uvicorn's default: 5 s): else a request sent as the server closes fails
+# with "Server disconnected" (httpx's own default, 5 s, equals uvicorn's), and a session's cell
+# is not resent.
+POOL = httpx.Limits(keepalive_expiry=4.0)
 # These errors mean the request never left this machine: resending is safe for any request.
 NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # Any body a file can be uploaded from.

@@ -12,6 +12,7 @@ from sandcell_client._base import (
     DEFAULT_TIMEOUT,
     LONG_POLL_S,
     NODELAY,
+    POOL,
     BaseClient,
     Call,
     Content,
@@ -83,7 +84,7 @@ class Client(BaseClient):
             base_url=self.base_url,
             headers=self._headers,
             timeout=timeout,
-            transport=transport or httpx.HTTPTransport(socket_options=NODELAY),
+            transport=transport or httpx.HTTPTransport(socket_options=NODELAY, limits=POOL),
         )
         self.sessions = Sessions(self)
 

@@ -22,6 +22,7 @@ from sandcell.cli.bench import bench_command
 from sandcell.cli.client import AsJson, client_app, run_command
 from sandcell.cli.session import session_app
 from sandcell.cli.supervise import STOPPED_ON_REQUEST, EmbeddedWorker
+from sandcell.remote.session_client import SERVER_KEEP_ALIVE_S
 from sandcell.settings import Settings
 
 app = typer.Typer(no_args_is_help=True, help="sandcell: secure code-interpreter jobs in gVisor.")
@@ -96,7 +97,13 @@ def serve(
     _setup_logging(settings)
     api = build_api(settings)  # creates the schema before the worker starts
     server = uvicorn.Server(
-        uvicorn.Config(api, host=settings.host, port=settings.port, log_config=None)
+        uvicorn.Config(
+            api,
+            host=settings.host,
+            port=settings.port,
+            log_config=None,
+            timeout_keep_alive=SERVER_KEEP_ALIVE_S,
+        )
     )
     stop_serving = lambda: setattr(server, "should_exit", True)  # noqa: E731
     worker = None if no_worker else EmbeddedWorker(settings.data_dir, stop_serving)
@@ -182,7 +189,10 @@ def _internal_listener(listen: str) -> tuple[socket.socket, str]:
 def _serve_internal(api: Any, listener: socket.socket) -> None:
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(api, log_config=None, access_log=False))
+    config = uvicorn.Config(
+        api, log_config=None, access_log=False, timeout_keep_alive=SERVER_KEEP_ALIVE_S
+    )
+    server = uvicorn.Server(config)
     threading.Thread(
         target=server.run, kwargs={"sockets": [listener]}, name="internal-api", daemon=True
     ).start()

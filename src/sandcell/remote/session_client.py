@@ -16,6 +16,13 @@ from sandcell.ports.sessions import CellResult
 
 TOKEN_HEADER = "X-Sandcell-Internal"
 NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+# sandcell's servers (the API, a worker's internal endpoint) keep an idle connection open this
+# long; their clients drop one after IDLE_CONNECTION_S, well before (and before uvicorn's own
+# default, 5 s). With both at uvicorn's and httpx's defaults (5 s), a call 5 s after the last
+# could go out on a connection the worker was closing and fail ("Server disconnected"): a cell
+# is not resent, so the user saw a 503.
+SERVER_KEEP_ALIVE_S = 30
+IDLE_CONNECTION_S = 4.0
 ERRORS: dict[int, type[e.SandcellError]] = {
     401: e.RuntimeUnavailable,  # our token was refused: a misconfigured deployment
     404: e.NotFound,
@@ -31,7 +38,8 @@ class HttpSessionHost:
     def __init__(self, url: str, token: str, timeout_s: float = 60.0) -> None:
         # NODELAY: httpx writes a request's headers and body separately; with Nagle on, the
         # body waits for the ACK of the headers, which the worker delays.
-        transport = httpx.HTTPTransport(socket_options=[NODELAY])
+        pool = httpx.Limits(keepalive_expiry=IDLE_CONNECTION_S)
+        transport = httpx.HTTPTransport(socket_options=[NODELAY], limits=pool)
         self._http = httpx.Client(
             base_url=url, headers={TOKEN_HEADER: token}, timeout=timeout_s, transport=transport
         )
