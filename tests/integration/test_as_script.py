@@ -95,3 +95,12 @@ def test_a_traceback_starts_at_the_jobs_own_frame(run_code: RunCode) -> None:
         'Traceback (most recent call last):\n  File "/job/main.py", line 5, in <module>\n'
     )
     assert ran.sink.stderr.endswith("ValueError: boom\n") and ran.result.exit_code == 1
+
+
+def test_a_jobs_code_starts_under_the_bootstrap_not_a_shell(run_code: RunCode) -> None:
+    code = (
+        "argv = open('/proc/self/cmdline').read().split('\\0')\n"
+        "print(argv[:2], open('/proc/1/comm').read().strip())\n"
+    )
+    ran = run_code(code, env=JOB_ENV)
+    assert ran.sink.stdout == "['/usr/bin/python3.11', '-c'] python3.11\n"

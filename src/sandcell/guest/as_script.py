@@ -7,8 +7,8 @@ job's first process: the runtime starts it as
 
 (runtime/bundle.py). `start` prints the ready line the runtime times the job from, then turns
 itself into `python /job/main.py`. Under gVisor that saves the exec of a shell wrapper, a new
-address space and ~13 ms of CPU per job; and passed as source, nothing is opened through the
-sandbox's filesystem before the job's own file.
+address space: ~17 ms of a job's wall time; and passed as source, nothing is opened through
+the sandbox's filesystem before the job's own file.
 
 Only modules the interpreter has loaded at startup are imported at the top: anything more is
 a file to find and read before the job starts.

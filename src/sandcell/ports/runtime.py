@@ -84,8 +84,8 @@ class EarlySink(Protocol):
     collected, before its cgroup and scratch disk are removed and checked (10-30 ms).
     `ended` is called at most once, from `run`'s own thread, with a final result (outputs
     collected, `released` False); `run` still releases everything before it returns, and
-    returns that same result with `released` set. Only an exit within every
-    limit (reason None or exit_code) is reported early: a limit's end waits for the release.
+    returns that same result with `released` set. Only an exit within every limit (reason
+    None or exit_code) is reported early: a limit's end waits for the release.
     """
 
     def ended(self, result: "SandboxResult") -> None: ...

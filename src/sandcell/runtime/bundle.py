@@ -120,10 +120,11 @@ def program(spec: SandboxSpec) -> list[str]:
     A job's own code, `python /job/main.py`, is started as the image's python running the
     guest's `as_script` bootstrap, which prints the line and runs the script in the same
     process: one exec fewer than the shell wrapper, which costs a new address space under
-    gVisor (~13 ms of CPU). Any other program gets the shell wrapper; so does a job whose
-    egress bridge starts first, and a spec without HOME: runsc would add one, and only an
-    exec takes it out of the process's /proc/self/environ (jobs always have HOME). bwrap
-    keeps the wrapper for the same reason: it sets PWD itself, and its exec is cheap.
+    gVisor (~17 ms of the job's wall time). Any other program gets the shell wrapper; so
+    does a job whose egress bridge starts first, and a spec without HOME: runsc would add
+    one, and only an exec takes it out of the process's /proc/self/environ (jobs always have
+    HOME). bwrap keeps the wrapper for the same reason: it sets PWD itself, and its exec is
+    cheap.
     """
     bridge = spec.image.python if spec.egress is not None else None
     if bridge is None and "HOME" in spec.env and spec.argv == [spec.image.python, MAIN]:
