@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from sandcell.remote.session_client import IDLE_CONNECTION_S, NODELAY, TOKEN_HEADER
+from sandcell.remote.session_client import IDLE_POOL, NODELAY, TOKEN_HEADER
 
 ADMIN = "bench-admin-key-0123456789abcdef"
 READY_TIMEOUT_S = 180
@@ -91,12 +91,9 @@ def tenant_client(url: str) -> httpx.Client:
     return client_for(url, key)
 
 
-# The server's keep-alive is longer: a round of another launcher may leave these idle a while.
-POOL = httpx.Limits(keepalive_expiry=IDLE_CONNECTION_S)
-
-
 def client_for(url: str, key: str) -> httpx.Client:
-    nodelay = httpx.HTTPTransport(socket_options=[NODELAY], limits=POOL)
+    # IDLE_POOL: a round of another launcher may leave these idle longer than the server keeps them.
+    nodelay = httpx.HTTPTransport(socket_options=[NODELAY], limits=IDLE_POOL)
     headers = {"Authorization": f"Bearer {key}"}
     return httpx.Client(base_url=url, headers=headers, timeout=120, transport=nodelay)
 
@@ -106,5 +103,5 @@ def worker_client(data_dir: Path) -> httpx.Client:
     with sqlite3.connect(data_dir / "sandcell.db") as db:
         [(url,)] = db.execute("SELECT url FROM workers WHERE url IS NOT NULL").fetchall()
     token = (data_dir / "internal.token").read_text().strip()
-    transport = httpx.HTTPTransport(socket_options=[NODELAY], limits=POOL)
+    transport = httpx.HTTPTransport(socket_options=[NODELAY], limits=IDLE_POOL)
     return httpx.Client(base_url=url, headers={TOKEN_HEADER: token}, transport=transport)

@@ -23,6 +23,7 @@ NODELAY = (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 # is not resent, so the user saw a 503.
 SERVER_KEEP_ALIVE_S = 30
 IDLE_CONNECTION_S = 4.0
+IDLE_POOL = httpx.Limits(keepalive_expiry=IDLE_CONNECTION_S)  # for every client of ours
 ERRORS: dict[int, type[e.SandcellError]] = {
     401: e.RuntimeUnavailable,  # our token was refused: a misconfigured deployment
     404: e.NotFound,
@@ -38,8 +39,7 @@ class HttpSessionHost:
     def __init__(self, url: str, token: str, timeout_s: float = 60.0) -> None:
         # NODELAY: httpx writes a request's headers and body separately; with Nagle on, the
         # body waits for the ACK of the headers, which the worker delays.
-        pool = httpx.Limits(keepalive_expiry=IDLE_CONNECTION_S)
-        transport = httpx.HTTPTransport(socket_options=[NODELAY], limits=pool)
+        transport = httpx.HTTPTransport(socket_options=[NODELAY], limits=IDLE_POOL)
         self._http = httpx.Client(
             base_url=url, headers={TOKEN_HEADER: token}, timeout=timeout_s, transport=transport
         )
