@@ -1,5 +1,6 @@
 """The fork watch counts the sentry's refused forks, and nothing else, from its FIFO."""
 
+import fcntl
 import os
 import threading
 import time
@@ -55,3 +56,39 @@ def test_flags_send_boot_strace_of_the_fork_family_to_the_fifo(tmp_path: Path) -
     flags = ForkWatch(tmp_path / "f").runsc_flags()
     assert "--strace" in flags and "--strace-syscalls=clone,fork,vfork" in flags
     assert f"--debug-log={tmp_path / 'f'}" in flags and "--debug-command=boot" in flags
+
+
+def test_a_burst_of_writes_is_read_in_a_few_wake_ups(tmp_path: Path) -> None:
+    """runsc writes its boot log a line per write (~50 of them): the watch lets them gather
+    rather than waking for each, and still counts every refusal."""
+    drains: list[int] = []
+
+    class Counting(ForkWatch):
+        def _drain(self) -> bytes:
+            data = super()._drain()
+            drains.append(len(data))
+            return data
+
+    watch = Counting(tmp_path / "forks.fifo")
+    watch.start()
+    writer = os.open(watch.fifo, os.O_WRONLY)
+    for _ in range(50):
+        os.write(writer, REFUSED)
+    time.sleep(0.3)
+    os.close(writer)
+    assert watch.stop() == 50
+    assert 1 <= len([n for n in drains if n]) <= 5, drains
+
+
+def test_the_fifo_holds_what_runsc_writes_while_lines_gather(tmp_path: Path) -> None:
+    """A fork bomb's lines (megabytes a second) must not stall the sentry's log writes for
+    long, nor be lost: the FIFO is enlarged, and everything written is counted."""
+    watch = ForkWatch(tmp_path / "forks.fifo")
+    watch.start()
+    assert watch._fd is not None
+    assert fcntl.fcntl(watch._fd, fcntl.F_GETPIPE_SZ) >= 1 << 20
+    writer = os.open(watch.fifo, os.O_WRONLY)
+    os.write(writer, REFUSED * 4000)  # ~640 KB in one write: more than a default pipe holds
+    os.close(writer)
+    time.sleep(0.2)
+    assert watch.stop() == 4000

@@ -7,6 +7,8 @@ two; this does not. A FIFO rather than a file: a program that forks in a loop ca
 host's disk with log lines, and only the lines that matter are kept (as a count).
 """
 
+import contextlib
+import fcntl
 import os
 import re
 import select
@@ -17,6 +19,8 @@ TRACED = "clone,fork,vfork"
 # `[  10:  10] python3.11 X clone(…) = 0 (0x0) errno=11 (try again) (601µs)`: the exit line.
 REFUSED = re.compile(rb" X (?:clone|fork|vfork)\(.*\) = .* errno=11 \(")
 CHUNK = 65536
+GATHER_S = 0.05  # < the watch's tick (one_shot.TICK_S)
+PIPE_BYTES = 1 << 20  # what runsc may write while lines gather, before its writes block
 
 
 class ForkWatch:
@@ -41,6 +45,8 @@ class ForkWatch:
         os.mkfifo(self.fifo, 0o600)
         # Read and write: runsc's open never blocks, and its exit never reads as our EOF.
         self._fd = os.open(self.fifo, os.O_RDWR | os.O_NONBLOCK)
+        with contextlib.suppress(OSError):  # a bigger buffer only spares runsc a short wait
+            fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         self._wake_r, self._wake_w = os.pipe()
         self._thread.start()
 
@@ -68,10 +74,11 @@ class ForkWatch:
             # wake this thread (one per running sandbox) for nothing.
             events = poller.poll(0 if stopping else None)
             if any(fd == self._fd for fd, _ in events):
-                try:
-                    data = os.read(self._fd, CHUNK)
-                except BlockingIOError:
-                    data = b""
+                if not stopping:
+                    # runsc writes its boot log a line at a time (~50 writes): let them gather
+                    # and read them in one wake-up. The watch looks at `refused` once a tick.
+                    self._stop.wait(GATHER_S)
+                data = self._drain()
                 *lines, partial = (partial + data).split(b"\n")
                 self.refused += sum(1 for line in lines if REFUSED.search(line))
                 partial = partial[-CHUNK:]  # a line is never that long; keep memory bounded
@@ -79,3 +86,15 @@ class ForkWatch:
                     continue
             if stopping:
                 return
+
+    def _drain(self) -> bytes:
+        """Everything the FIFO holds now."""
+        assert self._fd is not None
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(self._fd, CHUNK)
+            except BlockingIOError:
+                break
+            chunks.append(chunk)
+        return b"".join(chunks)

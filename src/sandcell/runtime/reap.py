@@ -8,12 +8,12 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 from sandcell.runtime import cgroups
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.scratch import attached_loops
+from sandcell.runtime.settle import settled
 
 
 def reap_cgroups(parent: str) -> list[str]:
@@ -96,7 +96,11 @@ def waited(proc: subprocess.Popen[bytes], timeout_s: float) -> bool:
 def wait_until_gone(sandbox_id: str, timeout_s: float = 5.0) -> list[str]:
     """Released means no host process left: runsc's processes exit a moment after their
     cgroup empties, so wait for them; report any that stay."""
-    deadline = time.monotonic() + timeout_s
-    while (left := processes_mentioning(sandbox_id)) and time.monotonic() < deadline:
-        time.sleep(0.02)
+    left: list[int] = []
+
+    def gone() -> bool:
+        left[:] = processes_mentioning(sandbox_id)  # a scan of every host process: ~2 ms
+        return not left
+
+    settled(gone, timeout_s)
     return [f"host processes {left}"] if left else []

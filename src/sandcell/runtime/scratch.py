@@ -18,14 +18,15 @@ import errno
 import fcntl
 import os
 import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.paths import safe_relative_path
 from sandcell.ports.runtime import InputFile
+from sandcell.runtime.cgroups import read_pseudo_file
 from sandcell.runtime.ext4 import BlankDisks, ScratchError, attach_loop, make_ext4
+from sandcell.runtime.settle import settled
 
 GUEST_UID = 65534
 # Host mount options. nosuid/nodev: nothing on a tenant's disk may gain privileges or reach
@@ -152,9 +153,7 @@ class Scratch:
             _note(problems, _detach_loop(self.loop_device), f"losetup --detach {self.loop_device}")
             # A mount namespace of the sandbox's (the gofer's) may still hold the filesystem:
             # the kernel frees it, and only then detaches the loop, a moment after the exit.
-            deadline = time.monotonic() + LOOP_RELEASE_S
-            while self._owns_loop() and time.monotonic() < deadline:
-                time.sleep(0.01)
+            settled(lambda: not self._owns_loop(), LOOP_RELEASE_S)
         shutil.rmtree(self.root, ignore_errors=True)
         return problems + self.leftovers()
 
@@ -180,9 +179,10 @@ def loop_backing_file(device: str) -> str | None:
     """The file behind loop `device` (e.g. /dev/loop3), or None if it is detached."""
     name = os.path.basename(device)
     try:
-        return Path(f"/sys/block/{name}/loop/backing_file").read_text().strip()
+        backing = read_pseudo_file(f"/sys/block/{name}/loop/backing_file")
     except OSError:
         return None
+    return os.fsdecode(backing).strip()
 
 
 def attached_loops() -> dict[str, str]:
