@@ -122,7 +122,16 @@ _OWNED = and_(
     jobs.c.state == JobState.RUNNING.value,
 )
 _OWNED_ROW = select(jobs.c.id).where(_OWNED).with_for_update()
-_FINISH = update(jobs).where(_OWNED)  # a job's end (the SET clause: the values given)
+_UPDATE_OWNED = update(jobs).where(_OWNED)  # the SET clause: the values given
+# The same attempt's job once it has ended: its release is recorded after the end. Built
+# here, the IN's cache key is not made again on every job (~10% of a busy worker's Python).
+_ENDED = and_(
+    jobs.c.id == bindparam("of_job"),
+    jobs.c.fencing_token == bindparam("of_token"),
+    jobs.c.state.in_(TERMINAL),
+)
+_ENDED_USAGE = select(jobs.c.usage).where(_ENDED).with_for_update()
+_RECORD_RELEASE = update(jobs).where(_ENDED)  # the SET clause: the values given
 _LAST_LOG_SEQ = select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == bindparam("job"))
 _INSERT_LOGS = insert(job_logs)
 # What an admission runs on every submit.
@@ -645,10 +654,8 @@ class SqlStore:
 
     def renew_lease(self, job_id: str, token: int, now: float, lease_s: float) -> bool:
         with self._tx() as conn:
-            result = conn.execute(
-                update(jobs).where(_OWNED).values(lease_expires_at=now + lease_s),
-                _owner(job_id, token),
-            )
+            expires = {"lease_expires_at": now + lease_s}
+            result = conn.execute(_UPDATE_OWNED, expires | _owner(job_id, token))
         return result.rowcount == 1
 
     def cancel_requested(self, job_id: str) -> bool:
@@ -660,12 +667,8 @@ class SqlStore:
         self, job_id: str, token: int, at: float, image_digest: str, sandbox_id: str
     ) -> None:
         with self._tx() as conn:
-            result = conn.execute(
-                update(jobs)
-                .where(_OWNED)
-                .values(started_at=at, image_digest=image_digest, sandbox_id=sandbox_id),
-                _owner(job_id, token),
-            )
+            started = {"started_at": at, "image_digest": image_digest, "sandbox_id": sandbox_id}
+            result = conn.execute(_UPDATE_OWNED, started | _owner(job_id, token))
         if result.rowcount != 1:
             raise StaleLease()
 
@@ -709,26 +712,22 @@ class SqlStore:
             "lease_expires_at": None,
         }
         with self._tx() as conn:
-            if conn.execute(_FINISH, values | _owner(job.id, token)).rowcount != 1:
+            if conn.execute(_UPDATE_OWNED, values | _owner(job.id, token)).rowcount != 1:
                 raise StaleLease()  # inside: nothing of this end is written
             if logs:
                 _insert_logs(conn, job.id, logs)
             _insert_artifacts(conn, job.id, outputs)
 
     def record_release(self, job_id: str, token: int, released: bool, detail: str) -> None:
-        ended = and_(
-            jobs.c.id == job_id,
-            jobs.c.fencing_token == token,
-            jobs.c.state.in_(TERMINAL),
-        )
+        owner = _owner(job_id, token)
         with self._tx() as conn:
-            row = conn.execute(select(jobs.c.usage).where(ended).with_for_update()).first()
+            row = conn.execute(_ENDED_USAGE, owner).first()
             if row is None:
                 return
             values: dict[str, Any] = {"usage": {**row.usage, "released": float(released)}}
             if not released:
                 values["detail"] = detail
-            conn.execute(update(jobs).where(ended).values(**values))
+            conn.execute(_RECORD_RELEASE, values | owner)
 
     def fail_lost_jobs(self, now: float) -> list[str]:
         """Settle jobs whose lease ran out: re-queue those with attempts left, fail the rest."""
