@@ -7,7 +7,7 @@ Writers that race (idempotent submission, claiming) rely on the database: a prim
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from typing import Any
 
 from sqlalchemy import (
@@ -106,8 +106,9 @@ _CLAIM = (
 _JOB = select(jobs).where(jobs.c.id == bindparam("job"))
 _JOB_OF_TENANT = _JOB.where(jobs.c.tenant_id == bindparam("tenant"))
 _CANCEL_REQUESTED_AT = select(jobs.c.cancel_requested_at).where(jobs.c.id == bindparam("job"))
-# What every request reads (its key; the job or session it names), built once too.
+# What every request reads (its key, its tenant; the job or session it names), built once too.
 _API_KEY = select(api_keys).where(api_keys.c.id == bindparam("key"))
+_TENANT = select(tenants).where(tenants.c.id == bindparam("tenant"))
 _SESSION = select(sessions).where(sessions.c.id == bindparam("session"))
 _SESSION_OF_TENANT = _SESSION.where(sessions.c.tenant_id == bindparam("tenant"))
 _LIVE_WORKERS = select(workers).where(
@@ -233,7 +234,9 @@ def _job_from_row(row: Any) -> Job:
 
 
 def _job_values(job: Job) -> dict[str, Any]:
-    values = {k: v for k, v in asdict(job).items() if k != "spec"}
+    # A field at a time, not asdict: that deep-copies the spec only to drop it (~0.15 ms a
+    # submit); the spec is stored as its own JSON.
+    values = {f.name: getattr(job, f.name) for f in fields(job) if f.name != "spec"}
     values["spec"] = _spec_to_json(job.spec)
     values["state"] = job.state.value
     values["reason"] = job.reason.value if job.reason else None
@@ -429,7 +432,7 @@ class SqlStore:
 
     def get_tenant(self, tenant_id: str) -> Tenant | None:
         with self._read() as conn:
-            row = conn.execute(select(tenants).where(tenants.c.id == tenant_id)).first()
+            row = conn.execute(_TENANT, {"tenant": tenant_id}).first()
         return _tenant_from_row(row) if row else None
 
     def patch_tenant_quotas(self, tenant_id: str, changes: dict[str, Any]) -> Tenant | None:
