@@ -2,7 +2,7 @@
 the sandbox's last host process gone): look again at growing intervals.
 
 On a busy host that can take a while (~0.4 s for a loop device with 16 sandboxes on 2 cores),
-and a look every 10 ms cost more CPU than the rest of the release: ~5 ms per sandbox.
+and a look every 10 ms cost more CPU than the rest of the release did (~30 looks a sandbox).
 """
 
 import time
