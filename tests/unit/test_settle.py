@@ -1,39 +1,58 @@
-"""settled: waiting for what the kernel finishes after a sandbox (a loop device, a process)."""
+"""settled: waiting for what the kernel finishes after a sandbox (a loop device, a process).
 
-import itertools
-import time
+A fake clock stands in for time: the tests see the pauses asked for, not how the host slept.
+"""
 
-from sandcell.runtime.settle import MAX_LOOK_S, settled
+import pytest
+
+from sandcell.runtime import settle
+from sandcell.runtime.settle import settled
 
 
-def test_done_at_once_is_not_a_wait() -> None:
-    started = time.monotonic()
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.pauses: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.pauses.append(round(seconds, 6))
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(settle, "time", fake)
+    return fake
+
+
+def test_done_at_once_is_not_a_wait(clock: Clock) -> None:
     assert settled(lambda: True, timeout_s=5)
-    assert time.monotonic() - started < 0.05
+    assert clock.pauses == []
 
 
-def test_looks_again_at_growing_intervals_until_done() -> None:
+def test_looks_again_at_growing_intervals_until_done(clock: Clock) -> None:
     looks: list[float] = []
 
     def done() -> bool:
-        looks.append(time.monotonic())
-        return len(looks) == 7
+        looks.append(clock.now)
+        return len(looks) == 8
 
     assert settled(done, timeout_s=5)
-    gaps = [b - a for a, b in itertools.pairwise(looks)]
-    assert gaps[-1] > gaps[0] * 3  # 5 ms, then 10, 20, 40, 50, 50
-    assert max(gaps) < MAX_LOOK_S + 0.05
+    assert clock.pauses == [0.005, 0.01, 0.02, 0.04, 0.05, 0.05, 0.05]
 
 
-def test_gives_up_at_the_timeout_having_looked_a_few_times_not_every_few_ms() -> None:
+def test_gives_up_at_the_timeout_having_looked_a_few_times_not_every_few_ms(clock: Clock) -> None:
     looks: list[float] = []
 
     def never() -> bool:
-        looks.append(time.monotonic())
+        looks.append(clock.now)
         return False
 
-    started = time.monotonic()
     assert not settled(never, timeout_s=0.5)
-    waited = time.monotonic() - started
-    assert 0.5 <= waited < 0.7
-    assert 5 <= len(looks) <= 16  # every 10 ms it would have been ~50
+    assert sum(clock.pauses) == pytest.approx(0.5)  # the last pause is cut to the deadline
+    assert max(clock.pauses) == settle.MAX_LOOK_S
+    assert len(looks) == len(clock.pauses) + 1 == 14  # every 10 ms it would have been 51
