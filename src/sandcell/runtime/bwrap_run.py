@@ -44,6 +44,7 @@ from sandcell.runtime.network import (
 )
 from sandcell.runtime.one_shot import EXIT_WAIT_S, OneShotRun
 from sandcell.runtime.scratch import GUEST_UID, Scratch
+from sandcell.runtime.settle import settled
 from sandcell.runtime.streams import Streams
 
 START_TIMEOUT_S = 30.0
@@ -153,11 +154,13 @@ def teardown_scratch(scratch: Scratch) -> list[str]:
     outlive the last process by a moment, holding the loop device: then it is detached only
     once the kernel lets go of it.
     """
-    problems = scratch.teardown()
-    deadline = time.monotonic() + EXIT_WAIT_S
-    while problems and time.monotonic() < deadline:
-        time.sleep(0.02)
-        problems = scratch.teardown()  # idempotent: only what is left is redone
+    problems: list[str] = []
+
+    def released() -> bool:
+        problems[:] = scratch.teardown()  # idempotent: only what is left is redone
+        return not problems
+
+    settled(released, EXIT_WAIT_S)
     return problems
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sandcell.domain.errors import RuntimeUnavailable
+from sandcell.runtime.settle import settled
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "cpu", "cpuacct", "pids")
@@ -153,12 +154,13 @@ class SandboxCgroup:
 
     def remove(self, timeout_s: float = 2.0) -> bool:
         """rmdir the cgroup in every controller; True once none of them exists."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            left = [c for c in CONTROLLERS if self._rmdir(self.dir(c))]
-            if not left or time.monotonic() > deadline:
-                return not left
-            time.sleep(0.02)  # exiting tasks take a moment to leave the css
+
+        def gone() -> bool:
+            still_there = [c for c in CONTROLLERS if self._rmdir(self.dir(c))]  # tries each one
+            return not still_there
+
+        # Exiting tasks take a moment to leave the css: rmdir again until it goes.
+        return settled(gone, timeout_s)
 
     def exists(self) -> bool:
         return any(self.dir(c).exists() for c in CONTROLLERS)

@@ -10,12 +10,12 @@ restart of the server; only the mount and the per-sandbox directory go with the 
 
 import os
 import subprocess
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sandcell.runtime.ext4 import ScratchError, make_ext4, run_tool
 from sandcell.runtime.scratch import GUEST_UID, MOUNT_OPTIONS, Scratch, attached_loops
+from sandcell.runtime.settle import settled
 
 VOLUME_NAME = "workspace.img"
 # Unlike a job's throwaway disk, this one may see a crash mid-write and is used again: it keeps
@@ -59,9 +59,7 @@ class SessionScratch(Scratch):
             os.chown(path, GUEST_UID, GUEST_UID)
 
     def leftovers(self) -> list[str]:
-        deadline = time.monotonic() + LOOP_CLEAR_WAIT_S
-        while not self.is_mounted() and self._owns_loop() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        settled(lambda: self.is_mounted() or not self._owns_loop(), LOOP_CLEAR_WAIT_S)
         return super().leftovers()
 
 
