@@ -299,7 +299,7 @@ def _throughput(
         job = lambda: jobs.completed(jobs.run_job(http, TRIVIAL))  # noqa: E731
         for c in plan.concurrency:
             share = plan.jobs_per_round(runtime, c)
-            ours, theirs, floor = _Spent(), _Spent(), _Spent()
+            ours, theirs, floor = Spent(), Spent(), Spent()
             service_before = process_cpu_s(str(scratch / runtime))
             # Ours and raw take turns, a share of the jobs each: this VM's speed drifts by the
             # minute, and two long runs one after the other would each see a different machine.
@@ -312,6 +312,7 @@ def _throughput(
                 "jobs_per_s": ours.rate(),
                 "raw_per_s": theirs.rate(),
                 "ratio": ratio(ours.rate(), theirs.rate()),
+                "ratio_by_round": ratios_by_round(ours, theirs),
                 # Where the two cores went, per job: the whole machine, and of that the API's
                 # and the worker's own Python (the rest: runsc, the kernel, this client).
                 "cpu_ms_per_job": ours.cpu_ms_per_action(),
@@ -326,11 +327,13 @@ def _throughput(
     return out
 
 
-class _Spent:
-    """Actions done, wall seconds and machine CPU seconds, summed over rounds."""
+class Spent:
+    """Actions done, wall seconds and machine CPU seconds, summed over rounds; and each
+    round's rate, to set beside the other launcher's rate in the same round."""
 
     def __init__(self) -> None:
         self.done, self.wall_s, self.cpu_s = 0, 0.0, 0.0
+        self.round_rates: list[float] = []
 
     def add(self, action: Callable[[], object], count: int, concurrency: int) -> None:
         busy = busy_cpu_s()
@@ -338,12 +341,18 @@ class _Spent:
         self.cpu_s += busy_cpu_s() - busy
         self.done += count
         self.wall_s += count / per_s
+        self.round_rates.append(per_s)
 
     def rate(self) -> float:
         return round(self.done / self.wall_s, 2)
 
     def cpu_ms_per_action(self) -> float:
         return round(self.cpu_s / self.done * 1000, 1)
+
+
+def ratios_by_round(ours: Spent, theirs: Spent) -> list[float]:
+    """Each round's ratio: their spread shows how far this VM's drift moves the pooled one."""
+    return [ratio(a, b) for a, b in zip(ours.round_rates, theirs.round_rates, strict=True)]
 
 
 def _spent(before: dict[str, float], data_dir: Path) -> list[tuple[str, float]]:
