@@ -351,7 +351,7 @@ class Spent:
 
 
 def ratios_by_round(ours: Spent, theirs: Spent) -> list[float]:
-    """Each round's ratio: their spread shows how far this VM's drift moves the pooled one."""
+    """Each round's ratio: their spread shows how far this VM's drift moves the overall one."""
     return [ratio(a, b) for a, b in zip(ours.round_rates, theirs.round_rates, strict=True)]
 
 
