@@ -196,6 +196,20 @@ def test_a_workers_pool_figures_come_back_with_it(store: SqlStore) -> None:
     assert [w.pools for w in store.live_workers(time.time() - 10) if w.id == info.id] == [None]
 
 
+def test_one_live_worker_is_read_by_its_id(store: SqlStore) -> None:
+    now = time.time()
+    seen, other = (WorkerInfo(new_id("wrk"), "h", "gvisor", "1", now, "http://w") for _ in "ab")
+    store.worker_seen(seen, now)
+    store.worker_seen(other, now)
+    found = store.live_worker(seen.id, now - 10)
+    assert found is not None and (found.id, found.url) == (seen.id, "http://w")
+    assert store.live_worker(seen.id, now + 1) is None  # not seen since
+    assert store.live_worker(new_id("wrk"), now - 10) is None
+    store.worker_stopped(seen.id, time.time())
+    assert store.live_worker(seen.id, now - 10) is None
+    assert store.live_worker(other.id, now - 10) is not None
+
+
 def test_metrics_queries_count_states_and_phases(store: SqlStore) -> None:
     tenant = _tenant(store)
     store.add_job(_job(tenant), None)

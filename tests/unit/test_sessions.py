@@ -199,3 +199,14 @@ def test_execute_streams_as_server_sent_events(api: Api) -> None:
         headers=other | {"Accept": "text/event-stream"},
     )
     assert refused.status_code == 404
+
+
+def test_a_session_whose_worker_stopped_answers_409(api: Api) -> None:
+    alice = api.tenant("alice")
+    sid = _start(api, alice)["id"]
+    [worker] = api.services.store.live_workers(0)
+    api.services.store.worker_stopped(worker.id, time.time())
+    gone = api.http.post(f"/v1/sessions/{sid}/execute", json={"code": "1"}, headers=alice)
+    assert gone.status_code == 409
+    assert gone.headers["content-type"].startswith("application/problem+json")
+    assert "worker holding this session is gone" in gone.json()["detail"]

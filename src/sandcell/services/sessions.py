@@ -271,10 +271,11 @@ class SessionService:
         return session
 
     def _host_of(self, session: Session) -> SessionHost:
-        for worker in self._live_workers():
-            if worker.id == session.worker_id:
-                return self.hosts.host(worker)
-        raise Conflict("the worker holding this session is gone")
+        since = time.time() - LIVE_WORKER_S
+        worker = self.store.live_worker(session.worker_id, since) if session.worker_id else None
+        if worker is None or not worker.url:
+            raise Conflict("the worker holding this session is gone")
+        return self.hosts.host(worker)
 
     def _live_workers(self) -> list[WorkerInfo]:
         return [w for w in self.store.live_workers(time.time() - LIVE_WORKER_S) if w.url]

@@ -114,6 +114,7 @@ _SESSION_OF_TENANT = _SESSION.where(sessions.c.tenant_id == bindparam("tenant"))
 _LIVE_WORKERS = select(workers).where(
     workers.c.seen_at >= bindparam("since"), workers.c.stopped_at.is_(None)
 )
+_LIVE_WORKER = _LIVE_WORKERS.where(workers.c.id == bindparam("worker"))
 # A running job, as the attempt that holds its lease sees it: every write a worker makes about
 # a job is fenced so (bound with `_owner`). Not named like the columns: an update's SET claims
 # those names.
@@ -231,6 +232,10 @@ def _job_from_row(row: Any) -> Job:
         pooled=bool(m["pooled"]),
         sandbox_id=m["sandbox_id"],
     )
+
+
+def _worker_from_row(r: Any) -> WorkerInfo:
+    return WorkerInfo(r.id, r.host, r.runtime, r.runtime_version, r.started_at, r.url, r.pools)
 
 
 def _job_values(job: Job) -> dict[str, Any]:
@@ -852,10 +857,14 @@ class SqlStore:
 
     def live_workers(self, seen_since: float) -> list[WorkerInfo]:
         with self._read() as conn:
-            return [
-                WorkerInfo(r.id, r.host, r.runtime, r.runtime_version, r.started_at, r.url, r.pools)
-                for r in conn.execute(_LIVE_WORKERS, {"since": seen_since})
-            ]
+            return [_worker_from_row(r) for r in conn.execute(_LIVE_WORKERS, {"since": seen_since})]
+
+    def live_worker(self, worker_id: str, seen_since: float) -> WorkerInfo | None:
+        """One worker, if it is live: what a session's every call reads to reach its worker,
+        at the cost of one row however many workers there are."""
+        with self._read() as conn:
+            row = conn.execute(_LIVE_WORKER, {"since": seen_since, "worker": worker_id}).first()
+        return None if row is None else _worker_from_row(row)
 
     def request_worker_stop(self, worker_id: str, mode: StopMode, at: float) -> None:
         with self._tx() as conn:
