@@ -137,13 +137,14 @@ def run_code(gvisor: GVisorRuntime, python_image: Image, request: pytest.Fixture
 
 
 def assert_released(runtime: GVisorRuntime, sandbox_id: str) -> None:
-    scratch = runtime.sandboxes_dir / sandbox_id
+    scratch, disk = runtime.sandboxes_dir / sandbox_id, runtime.disks_dir / sandbox_id
     assert not scratch.exists(), f"scratch {scratch} left behind"
+    assert not disk.exists(), f"disk directory {disk} left behind"
     assert not runtime.runsc.has_state(sandbox_id), "runsc still has the container"
     for controller in ("memory", "cpu", "cpuacct", "pids"):
         path = Path("/sys/fs/cgroup", controller, runtime.cgroup_parent, sandbox_id)
         assert not path.exists(), f"cgroup {path} left behind"
-    assert not [b for b in attached_loops().values() if b.startswith(str(scratch))]
+    assert not [b for b in attached_loops().values() if b.startswith((str(scratch), str(disk)))]
     assert not host_processes_mentioning(sandbox_id)
 
 

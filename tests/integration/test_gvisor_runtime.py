@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -268,6 +268,56 @@ for attempt in (lambda: open(path, 'a'), lambda: open('/input/new', 'w')):
     assert "writable" not in lines[4:] and len(lines) == 6
 
 
+def fs_type(path: Path) -> str:
+    found = subprocess.run(["findmnt", "-no", "FSTYPE", "-T", str(path)], capture_output=True)
+    return found.stdout.decode().strip()
+
+
+@dataclass
+class FilesystemsAtReady(RecordingSink):
+    """The filesystem each of `paths` is on, while the sandbox runs (at its ready line)."""
+
+    paths: dict[str, Path] = field(default_factory=dict)
+    types: dict[str, str] = field(default_factory=dict)
+
+    def ready(self) -> None:
+        self.types = {name: fs_type(path) for name, path in self.paths.items()}
+        super().ready()
+
+
+def test_a_sandboxs_small_files_are_on_a_tmpfs_its_disk_and_inputs_on_the_state_dirs(
+    gvisor: GVisorRuntime, python_image: Image, tmp_path: Path
+) -> None:
+    host_file = tmp_path / "in.csv"
+    host_file.write_text("x\n")
+    sandbox_id = "t-where-files-live"
+    scratch, spill = gvisor.sandboxes_dir / sandbox_id, gvisor.disks_dir / sandbox_id
+    sink = FilesystemsAtReady(
+        paths={
+            "scratch": scratch,
+            "runsc state": gvisor.runsc.root,
+            "disk image": spill / "disk.img",
+            "inputs": spill / "input",
+            "workspace": scratch / "disk" / "workspace",
+        }
+    )
+    code = b"print(open('/input/in.csv').read(), end='')"
+    argv = [python_image.python, "/job/main.py"]
+    spec = SandboxSpec(sandbox_id, python_image, argv, GUEST_ENV, Limits(), code=code)
+    spec = replace(spec, inputs=[InputFile(host_file, "in.csv")])
+    result = gvisor.run(spec, sink, threading.Event())
+    assert (result.exit_code, sink.stdout) == (0, "x\n")
+    on_disk = fs_type(gvisor.state_dir)
+    assert sink.types == {
+        "scratch": "tmpfs",
+        "runsc state": "tmpfs",
+        "disk image": on_disk,
+        "inputs": on_disk,
+        "workspace": "ext4",  # the sandbox's own size-limited disk
+    }
+    assert_released(gvisor, sandbox_id)
+
+
 def test_workspace_runs_scripts_and_output_does_not(run_code: RunCode) -> None:
     code = """
 import os, subprocess
@@ -478,6 +528,7 @@ def test_reap_removes_everything_a_crashed_worker_left(
         f"cgroup {runtime.cgroup_parent}/{sandbox_id}",
         f"mount {runtime.sandboxes_dir / sandbox_id / 'disk'}",
         f"scratch {sandbox_id}",
+        f"disk {sandbox_id}",
     ):
         assert expected in removed
     assert any(item.startswith("loop device /dev/loop") for item in removed)
@@ -495,7 +546,7 @@ def test_close_removes_the_parent_cgroup_once_nothing_is_under_it(
     spec = SandboxSpec("t-closing", python_image, ["/bin/true"], GUEST_ENV, Limits())
     assert runtime.run(spec, RecordingSink(), threading.Event()).exit_code == 0
     parents = [Path("/sys/fs/cgroup", c, runtime.cgroup_parent) for c in CONTROLLERS]
-    assert all(parent.is_dir() for parent in parents)
+    assert all(parent.is_dir() for parent in parents) and runtime.run_dir.is_dir()
     still_running = [parent / "t-still-running" for parent in parents]
     for cgroup in still_running:
         cgroup.mkdir()
@@ -507,6 +558,7 @@ def test_close_removes_the_parent_cgroup_once_nothing_is_under_it(
             cgroup.rmdir()
     runtime.close()
     assert not any(parent.exists() for parent in parents)
+    assert not runtime.run_dir.exists()  # nor is its volatile directory left on the tmpfs
 
 
 def test_check_fails_closed_without_runsc(tmp_path: Path) -> None:

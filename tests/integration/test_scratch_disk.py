@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from sandcell.ports.runtime import InputFile
 from sandcell.runtime.ext4 import BlankDisks, ScratchError, attach_loop, copy_sparse, inodes_for
 from sandcell.runtime.scratch import GUEST_UID, Scratch, attached_loops, loop_backing_file
 
@@ -105,3 +106,33 @@ def test_a_blank_that_cannot_be_made_is_a_scratch_error(tmp_path: Path) -> None:
     with pytest.raises(ScratchError, match="mkfs"):
         blanks.copy(0, tmp_path / "disk.img")  # a 0-byte image: mkfs.ext4 refuses it
     assert list(blanks.directory.iterdir()) == []  # its partial file is gone
+
+
+def test_a_spill_holds_the_disk_image_and_inputs_and_goes_with_the_scratch(
+    tmp_path: Path,
+) -> None:
+    blanks = BlankDisks(tmp_path / "blanks")
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.mkdir(), big.mkdir()
+    host_input = tmp_path / "in.csv"
+    host_input.write_text("a,b\n")
+    scratch = Scratch(small / "s-1", blanks, spill=big / "s-1")
+    assert scratch.claim()
+    try:
+        scratch.create(b"print(1)", [InputFile(host_input, "data/in.csv")], 16)
+        assert scratch.image == big / "s-1" / "disk.img"
+        assert (big / "s-1" / "input" / "data" / "in.csv").read_text() == "a,b\n"
+        assert loop_backing_file(str(scratch.loop_device)) == str(scratch.image)
+        assert {p.name for p in (small / "s-1").iterdir()} == {"bundle", "job", "disk"}
+        assert scratch.workspace.stat().st_dev != small.stat().st_dev  # the mounted disk
+    finally:
+        assert scratch.teardown() == []
+    assert list(small.iterdir()) == list(big.iterdir()) == []
+
+
+def test_a_leftover_spill_means_the_id_is_taken(tmp_path: Path) -> None:
+    (tmp_path / "big" / "s-1").mkdir(parents=True)  # what a crash left, say
+    (tmp_path / "small").mkdir()
+    scratch = Scratch(tmp_path / "small" / "s-1", spill=tmp_path / "big" / "s-1")
+    assert not scratch.claim()
+    assert list((tmp_path / "small").iterdir()) == []  # its root was not kept either

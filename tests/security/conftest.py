@@ -161,13 +161,14 @@ def processes_in_cgroup(relpath: str) -> list[int]:
 
 
 def assert_released(runtime: AnyRuntime, sandbox_id: str) -> None:
-    scratch = runtime.sandboxes_dir / sandbox_id
+    scratch, disk = runtime.sandboxes_dir / sandbox_id, runtime.disks_dir / sandbox_id
     assert not scratch.exists(), f"scratch {scratch} left behind"
+    assert not disk.exists(), f"disk directory {disk} left behind"
     relpath = cgroup_relpath(runtime, sandbox_id)
     for controller in CONTROLLERS:
         path = Path("/sys/fs/cgroup", controller, relpath)
         assert not path.exists(), f"cgroup {path} left behind"
     assert not processes_in_cgroup(relpath)
-    assert not [b for b in attached_loops().values() if b.startswith(str(scratch))]
+    assert not [b for b in attached_loops().values() if b.startswith((str(scratch), str(disk)))]
     if isinstance(runtime, GVisorRuntime):
         assert not runtime.runsc.has_state(sandbox_id), "runsc still has the container"

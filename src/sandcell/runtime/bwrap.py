@@ -19,7 +19,6 @@ process of that uid is left" is a second proof of release next to the empty cgro
 """
 
 import collections
-import hashlib
 import os
 import re
 import shutil
@@ -48,6 +47,12 @@ from sandcell.runtime.ext4 import BlankDisks
 from sandcell.runtime.guest_mounts import GUEST_SOURCE
 from sandcell.runtime.scratch import Scratch, probe_loop_disk
 from sandcell.runtime.seccomp import compile_filter
+from sandcell.runtime.volatile import (
+    ensure_tmpfs,
+    remove_if_empty,
+    state_key,
+    volatile_dir,
+)
 
 SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # names dirs and cgroups
 TOOLS = ("bwrap", "setpriv", "dash", "unshare", "mount")  # the last two: jobs with egress
@@ -93,10 +98,12 @@ class BwrapRuntime:
 
     def __init__(self, state_dir: Path, *, overhead_mb: int = 16) -> None:
         self.state_dir = state_dir
-        self.sandboxes_dir = state_dir / "sandboxes"
+        self.run_dir = volatile_dir(state_dir)
+        self.sandboxes_dir = self.run_dir / "sandboxes"
+        self.disks_dir = state_dir / "disks"
         self.blanks = BlankDisks(state_dir / "blank-disks")
         self.overhead_mb = overhead_mb  # bwrap's own two processes and the wrapper shell
-        key = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+        key = state_key(state_dir)
         self.cgroup_parent = f"sandcell/{key}"
         block = int(key, 16) % UID_BLOCKS  # two state dirs on one host: two uid ranges
         self.uids = UidPool(UID_BASE + block * UID_BLOCK, UID_BLOCK)
@@ -127,8 +134,9 @@ class BwrapRuntime:
         if os.geteuid() != 0:
             raise RuntimeUnavailable("the bwrap runtime needs root (cgroups, loop disks, uids)")
         cgroups.require_v1()
-        self._ensure_dirs()
+        self.ensure_dirs()
         require_traversable(self.sandboxes_dir)
+        require_traversable(self.disks_dir)
         require_traversable(GUEST_SOURCE)  # bind-mounted into every sandbox (guest_mounts.py)
         self.version()
         self.seccomp_filter()
@@ -138,8 +146,8 @@ class BwrapRuntime:
     def run(self, spec: SandboxSpec, sink: SandboxSink, cancel: threading.Event) -> SandboxResult:
         if not SANDBOX_ID.match(spec.sandbox_id):
             return SandboxResult(None, Reason.RUNTIME_ERROR, "invalid sandbox id", released=True)
-        self._ensure_dirs()
-        scratch = Scratch(self.sandboxes_dir / spec.sandbox_id, self.blanks)
+        self.ensure_dirs()
+        scratch = self.scratch(spec.sandbox_id)
         cgroup = SandboxCgroup(f"{self.cgroup_parent}/{spec.sandbox_id}")
         if cgroup.exists() or not scratch.claim():  # atomic: never touch another run's id
             detail = f"sandbox id {spec.sandbox_id} is already in use"
@@ -185,14 +193,24 @@ class BwrapRuntime:
 
         Call it before the first `run`: it removes every sandbox this state_dir knows of.
         """
-        return reap.reap_cgroups(self.cgroup_parent) + reap.reap_scratch(self.sandboxes_dir)
+        scratch = reap.reap_scratch(self.sandboxes_dir, self.disks_dir)
+        return reap.reap_cgroups(self.cgroup_parent) + scratch
 
     def close(self) -> None:
-        """The worker is done with this runtime (every run returned): its parent cgroup goes."""
+        """The worker is done with this runtime (every run returned): its parent cgroup and
+        its volatile directory go."""
         reap.remove_parent(self.cgroup_parent)
+        remove_if_empty(self.sandboxes_dir, self.run_dir)
 
-    def _ensure_dirs(self) -> None:
-        for path in (self.state_dir, self.sandboxes_dir):
+    def scratch(self, sandbox_id: str) -> Scratch:
+        """The (not yet claimed) scratch of sandbox `sandbox_id`."""
+        return Scratch(
+            self.sandboxes_dir / sandbox_id, self.blanks, spill=self.disks_dir / sandbox_id
+        )
+
+    def ensure_dirs(self) -> None:
+        ensure_tmpfs()
+        for path in (self.state_dir, self.disks_dir, self.run_dir, self.sandboxes_dir):
             path.mkdir(mode=0o711, parents=True, exist_ok=True)
             path.chmod(0o711)  # traversable by the sandboxes' uids, listable only by root
 

@@ -227,8 +227,7 @@ class BwrapRun(OneShotRun):
 
     def _prepare(self) -> None:
         check_env(self.spec.env)
-        # bwrap runs as the sandbox's uid: it must get through (not list) the root-only dirs.
-        self.scratch.root.chmod(0o711)
+        self.scratch.let_through()
         self.scratch.create(self.spec.code, self.spec.inputs, self.limits.disk_mb)
         for path in (self.scratch.workspace, self.scratch.output):
             os.chown(path, self.uid, self.uid)  # seen as 65534 inside, and writable only there

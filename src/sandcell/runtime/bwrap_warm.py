@@ -46,7 +46,6 @@ from sandcell.runtime.hand_over import (
     await_warm,
     stop_runner,
 )
-from sandcell.runtime.scratch import Scratch
 
 MiB = 1024 * 1024
 
@@ -64,8 +63,8 @@ class BwrapWarmFactory:
         """A warm sandbox, its imports done; RuntimeUnavailable (and nothing left) otherwise."""
         runtime = self.runtime
         sandbox_id = f"pool-{image.name}-{secrets.token_hex(6)}"
-        runtime.sandboxes_dir.mkdir(mode=0o711, parents=True, exist_ok=True)
-        scratch = Scratch(runtime.sandboxes_dir / sandbox_id, runtime.blanks)
+        runtime.ensure_dirs()
+        scratch = runtime.scratch(sandbox_id)
         if not scratch.claim():
             raise RuntimeUnavailable(f"sandbox id {sandbox_id} is already in use")
         cgroup = SandboxCgroup(f"{runtime.cgroup_parent}/{sandbox_id}")
@@ -84,8 +83,7 @@ class BwrapWarmFactory:
 
     def _prepare(self, warm: WarmSandbox) -> None:
         assert warm.uid is not None
-        # bwrap runs as the sandbox's uid: it must get through (not list) the root-only dirs.
-        warm.scratch.root.chmod(0o711)
+        warm.scratch.let_through()
         warm.scratch.create(None, [], warm.profile.disk_mb)
         for path in (warm.scratch.workspace, warm.scratch.output):
             os.chown(path, warm.uid, warm.uid)  # seen as 65534 inside, and writable only there

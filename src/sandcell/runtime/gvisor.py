@@ -1,14 +1,14 @@
 """The gVisor runtime: each job in its own runsc sandbox, everything released before returning.
 
-<state_dir>/runsc/                 runsc --root: only this runtime's containers
-<state_dir>/sandboxes/<id>/        scratch of one sandbox (see scratch.py)
+<volatile>/runsc/                  runsc --root: only this runtime's containers (volatile.py)
+<volatile>/sandboxes/<id>/         scratch of one sandbox (see scratch.py), on a tmpfs
+<state_dir>/disks/<id>/            its disk image and inputs, on the state_dir's disk
 <state_dir>/blank-disks/           one blank ext4 image per disk size, copied for each (ext4.py)
 /sys/fs/cgroup/<ctl>/sandcell/<key>/<id>   its cgroup; <key> is derived from state_dir, so
                                    two runtimes on one host never reap each other's
 """
 
 import contextlib
-import hashlib
 import os
 import re
 import shutil
@@ -25,6 +25,12 @@ from sandcell.runtime.reap import reap_cgroups, reap_scratch, remove_parent
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import SandboxRun
 from sandcell.runtime.scratch import Scratch, probe_loop_disk
+from sandcell.runtime.volatile import (
+    ensure_tmpfs,
+    remove_if_empty,
+    state_key,
+    volatile_dir,
+)
 
 SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # names dirs and cgroups
 
@@ -42,12 +48,13 @@ class GVisorRuntime:
         cgroup_parent: str | None = None,
     ) -> None:
         self.state_dir = state_dir
-        self.sandboxes_dir = state_dir / "sandboxes"
+        self.run_dir = volatile_dir(state_dir)
+        self.sandboxes_dir = self.run_dir / "sandboxes"
+        self.disks_dir = state_dir / "disks"
         self.blanks = BlankDisks(state_dir / "blank-disks")
-        self.runsc = Runsc(runsc, state_dir / "runsc", platform)
+        self.runsc = Runsc(runsc, self.run_dir / "runsc", platform)
         self.overhead_mb = overhead_mb
-        key = hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
-        self.cgroup_parent = cgroup_parent or f"sandcell/{key}"
+        self.cgroup_parent = cgroup_parent or f"sandcell/{state_key(state_dir)}"
         self._version: str | None = None
 
     def version(self) -> str:
@@ -65,7 +72,7 @@ class GVisorRuntime:
         if os.geteuid() != 0:
             raise RuntimeUnavailable("the gvisor runtime needs root (runsc, cgroups, loop disks)")
         cgroups.require_v1()
-        self._ensure_dirs()
+        self.ensure_dirs()
         probe = SandboxCgroup(f"{self.cgroup_parent}/.probe-{os.getpid()}")
         probe.create(CgroupLimits(memory_bytes=64 << 20, cpus=0.5, pids_max=64))
         if not probe.remove():
@@ -76,8 +83,8 @@ class GVisorRuntime:
     def run(self, spec: SandboxSpec, sink: SandboxSink, cancel: threading.Event) -> SandboxResult:
         if not SANDBOX_ID.match(spec.sandbox_id):
             return SandboxResult(None, Reason.RUNTIME_ERROR, "invalid sandbox id", released=True)
-        self._ensure_dirs()
-        scratch = Scratch(self.sandboxes_dir / spec.sandbox_id, self.blanks)
+        self.ensure_dirs()
+        scratch = self.scratch(spec.sandbox_id)
         cgroup = SandboxCgroup(f"{self.cgroup_parent}/{spec.sandbox_id}")
         # Claiming the scratch dir is atomic: never touch what another run of this id owns.
         if cgroup.exists() or self.runsc.has_state(spec.sandbox_id) or not scratch.claim():
@@ -97,11 +104,26 @@ class GVisorRuntime:
         return removed
 
     def close(self) -> None:
-        """The worker is done with this runtime (every run returned): its parent cgroup goes."""
+        """The worker is done with this runtime (every run returned): its parent cgroup and
+        its volatile directory go."""
         remove_parent(self.cgroup_parent)
+        remove_if_empty(self.runsc.root, self.sandboxes_dir, self.run_dir)
 
-    def _ensure_dirs(self) -> None:
-        for path in (self.state_dir, self.runsc.root, self.sandboxes_dir):
+    def scratch(self, sandbox_id: str) -> Scratch:
+        """The (not yet claimed) scratch of sandbox `sandbox_id`."""
+        return Scratch(
+            self.sandboxes_dir / sandbox_id, self.blanks, spill=self.disks_dir / sandbox_id
+        )
+
+    def ensure_dirs(self) -> None:
+        ensure_tmpfs()
+        for path in (
+            self.state_dir,
+            self.disks_dir,
+            self.run_dir,
+            self.runsc.root,
+            self.sandboxes_dir,
+        ):
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
 
     def _reap_containers(self) -> list[str]:
@@ -122,4 +144,4 @@ class GVisorRuntime:
         return reap_cgroups(self.cgroup_parent)
 
     def _reap_scratch(self) -> list[str]:
-        return reap_scratch(self.sandboxes_dir)
+        return reap_scratch(self.sandboxes_dir, self.disks_dir)

@@ -75,7 +75,9 @@ class WarmSandbox:
 
     @property
     def channel(self) -> Path:
-        return self.scratch.root / "channel"
+        # Beside the disk image, not on the scratch's tmpfs: the job's socket is made under
+        # the data dir and hard-linked in here, which only works within one filesystem.
+        return self.scratch.spill_dir / "channel"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

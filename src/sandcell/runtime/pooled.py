@@ -34,13 +34,7 @@ def warm_factory(runtime: GVisorRuntime | BwrapRuntime) -> JobWarmFactory:
     """Warm sandboxes under the runtime's own state dir and cgroup parent (so `reap` sees them)."""
     if isinstance(runtime, BwrapRuntime):
         return BwrapWarmFactory(runtime)
-    return WarmFactory(
-        runtime.runsc,
-        runtime.sandboxes_dir,
-        runtime.blanks,
-        runtime.cgroup_parent,
-        runtime.overhead_mb,
-    )
+    return WarmFactory(runtime)
 
 
 class PooledRuntime:

@@ -34,21 +34,22 @@ def remove_parent(parent: str) -> None:
     SandboxCgroup(parent).remove(timeout_s=0)
 
 
-def reap_scratch(sandboxes_dir: Path) -> list[str]:
-    """Unmount, detach and delete every scratch directory under `sandboxes_dir`."""
+def reap_scratch(sandboxes_dir: Path, disks_dir: Path) -> list[str]:
+    """Unmount, detach and delete every scratch directory under `sandboxes_dir`, and every
+    disk image and input directory under `disks_dir` (see scratch.py)."""
     removed = []
-    prefix = f"{sandboxes_dir}/"
-    for mount_point in mounts_under(prefix):
+    for mount_point in mounts_under(f"{sandboxes_dir}/"):
         subprocess.run(["umount", "--lazy", mount_point], capture_output=True, check=False)
         removed.append(f"mount {mount_point}")
     for device, backing in attached_loops().items():
-        if backing.startswith(prefix):
+        if backing.startswith((f"{sandboxes_dir}/", f"{disks_dir}/")):
             subprocess.run(["losetup", "--detach", device], capture_output=True, check=False)
             removed.append(f"loop device {device}")
-    if sandboxes_dir.is_dir():
-        for leftover in sorted(sandboxes_dir.iterdir()):
-            shutil.rmtree(leftover, ignore_errors=True)
-            removed.append(f"scratch {leftover.name}")
+    for directory, what in ((sandboxes_dir, "scratch"), (disks_dir, "disk")):
+        if directory.is_dir():
+            for leftover in sorted(directory.iterdir()):
+                shutil.rmtree(leftover, ignore_errors=True)
+                removed.append(f"{what} {leftover.name}")
     return removed
 
 

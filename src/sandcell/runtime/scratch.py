@@ -1,16 +1,20 @@
 """The per-sandbox scratch directory on the host and its size-limited disk.
 
-    <state>/sandboxes/<sandbox_id>/    0700, root
+    <root> = <volatile>/sandboxes/<sandbox_id>/    0700, root, on a tmpfs (volatile.py)
         bundle/config.json             the OCI spec runsc boots
         job/main.py                    the code, bound read-only at /job
-        input/...                      the input files, bound read-only at /input
-        disk.img                       ext4 image of limits.disk_mb (a blank one's copy, ext4.py),
-                                       loop-mounted on disk/
-        disk/workspace, disk/output    bound read-write at /workspace and /output
+        disk/workspace, disk/output    on the mounted disk image, bound read-write at
+                                       /workspace and /output
         runsc.log                      runsc's own log (never shown to the tenant)
+    <spill> = <state_dir>/disks/<sandbox_id>/      what may be large, on the state_dir's disk
+        disk.img                       ext4 image of limits.disk_mb (a blank one's copy, ext4.py),
+                                       loop-mounted on <root>/disk
+        input/...                      the input files, bound read-only at /input
+        channel/                       a warm sandbox's guest channel (hand_over.py)
 
 /workspace and /output share one ext4 image so that `disk_mb` is one budget for both and a
 full disk is a plain ENOSPC inside the sandbox that cannot touch the host's filesystem.
+Without a spill directory, everything is under <root>.
 """
 
 import ctypes
@@ -47,6 +51,11 @@ class Scratch:
     root: Path
     blanks: BlankDisks | None = None  # None: the disk is formatted in place
     loop_device: str | None = None
+    spill: Path | None = None  # the disk image and inputs; None: under root
+
+    @property
+    def spill_dir(self) -> Path:
+        return self.spill or self.root
 
     @property
     def bundle(self) -> Path:
@@ -58,11 +67,11 @@ class Scratch:
 
     @property
     def input(self) -> Path:
-        return self.root / "input"
+        return self.spill_dir / "input"
 
     @property
     def image(self) -> Path:
-        return self.root / "disk.img"
+        return self.spill_dir / "disk.img"
 
     @property
     def disk(self) -> Path:
@@ -81,12 +90,26 @@ class Scratch:
         return self.root / "runsc.log"
 
     def claim(self) -> bool:
-        """Create the (empty) scratch root; False if it exists: the id belongs to another run."""
+        """Create the (empty) scratch root and spill; False if either exists: the id belongs to
+        another run."""
         try:
             self.root.mkdir(mode=0o700)
         except FileExistsError:
             return False
+        if self.spill is None:
+            return True
+        try:
+            self.spill.mkdir(mode=0o700)
+        except FileExistsError:
+            self.root.rmdir()
+            return False
         return True
+
+    def let_through(self) -> None:
+        """Let other uids get through (not list) the root-only scratch directories: bwrap runs
+        as the sandbox's uid and opens its bind sources by path."""
+        for directory in {self.root, self.spill_dir}:
+            directory.chmod(0o711)
 
     def create(self, code: bytes | None, inputs: list[InputFile], disk_mb: int) -> None:
         """Fill a claimed scratch root: bundle dir, /job, /input and the mounted disk."""
@@ -154,7 +177,8 @@ class Scratch:
             # A mount namespace of the sandbox's (the gofer's) may still hold the filesystem:
             # the kernel frees it, and only then detaches the loop, a moment after the exit.
             settled(lambda: not self._owns_loop(), LOOP_RELEASE_S)
-        shutil.rmtree(self.root, ignore_errors=True)
+        for directory in {self.root, self.spill_dir}:
+            shutil.rmtree(directory, ignore_errors=True)
         return problems + self.leftovers()
 
     def _owns_loop(self) -> bool:
@@ -170,8 +194,7 @@ class Scratch:
             left.append(f"mount {self.disk}")
         if self._owns_loop():
             left.append(f"loop device {self.loop_device}")
-        if self.root.exists():
-            left.append(f"directory {self.root}")
+        left += [f"directory {d}" for d in sorted({self.root, self.spill_dir}) if d.exists()]
         return left
 
 

@@ -117,10 +117,11 @@ class GVisorSessionRuntime:
     def _new(self, spec: SessionSpec) -> GVisorSession:
         if not SANDBOX_ID.match(spec.sandbox_id):
             raise RuntimeUnavailable(f"invalid sandbox id {spec.sandbox_id!r}")
-        for path in (self.base.state_dir, self.base.runsc.root, self.base.sandboxes_dir):
-            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.base.ensure_dirs()
         scratch = SessionScratch(
-            self.base.sandboxes_dir / spec.sandbox_id, volume=spec.state_dir / VOLUME_NAME
+            self.base.sandboxes_dir / spec.sandbox_id,
+            spill=self.base.disks_dir / spec.sandbox_id,
+            volume=spec.state_dir / VOLUME_NAME,
         )
         cgroup = SandboxCgroup(f"{self.base.cgroup_parent}/{spec.sandbox_id}")
         # Claiming the scratch dir is atomic: never touch what another sandbox of this id owns.

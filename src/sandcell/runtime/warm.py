@@ -15,7 +15,6 @@ import secrets
 import subprocess
 import threading
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from sandcell.domain.errors import RuntimeUnavailable
@@ -24,9 +23,10 @@ from sandcell.domain.limits import Limits
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime.bundle import oci_config, require_mount_points, write_config
 from sandcell.runtime.cgroups import SandboxCgroup
-from sandcell.runtime.ext4 import BlankDisks, ScratchError
+from sandcell.runtime.ext4 import ScratchError
 from sandcell.runtime.fork_watch import ForkWatch
 from sandcell.runtime.guest_mounts import oci_guest_mounts
+from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.hand_over import (
     JOB_SHARES,
     RUNNER_ENV,
@@ -45,7 +45,6 @@ from sandcell.runtime.sandbox import (
     boot_cpus,
     cgroup_limits,
 )
-from sandcell.runtime.scratch import Scratch
 
 MiB = 1024 * 1024
 
@@ -53,25 +52,18 @@ MiB = 1024 * 1024
 class WarmFactory:
     """Boots and destroys warm sandboxes under a GVisorRuntime's state dir and cgroup parent."""
 
-    def __init__(
-        self,
-        runsc: Runsc,
-        sandboxes_dir: Path,
-        blanks: BlankDisks,
-        cgroup_parent: str,
-        overhead_mb: int,
-    ) -> None:
-        self.runsc, self.sandboxes_dir, self.blanks = runsc, sandboxes_dir, blanks
-        self.cgroup_parent, self.overhead_mb = cgroup_parent, overhead_mb
+    def __init__(self, runtime: GVisorRuntime) -> None:
+        self.runtime, self.runsc = runtime, runtime.runsc
+        self.cgroup_parent, self.overhead_mb = runtime.cgroup_parent, runtime.overhead_mb
 
     def boot(
         self, image: Image, profile: Limits, preload: tuple[str, ...], extra_mb: int
     ) -> WarmSandbox:
         """A warm sandbox, its imports done; RuntimeUnavailable (and nothing left) otherwise."""
         sandbox_id = f"pool-{image.name}-{secrets.token_hex(6)}"
-        scratch = Scratch(self.sandboxes_dir / sandbox_id, self.blanks)
+        scratch = self.runtime.scratch(sandbox_id)
         cgroup = SandboxCgroup(f"{self.cgroup_parent}/{sandbox_id}")
-        self.sandboxes_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.runtime.ensure_dirs()
         if not scratch.claim():
             raise RuntimeUnavailable(f"sandbox id {sandbox_id} is already in use")
         warm = WarmSandbox(sandbox_id, image, profile, scratch, cgroup, extra_mb)

@@ -1,0 +1,66 @@
+"""Where a runtime keeps what cannot outlive a reboot: runsc's state and the sandboxes' scratch.
+
+    /run/sandcell/                 a tmpfs of its own (mounted here if it is not one already)
+        <key>/runsc/               runsc --root
+        <key>/sandboxes/<id>/      a sandbox's scratch, but its disk image and inputs (scratch.py)
+
+<key> is derived from the runtime's state_dir, as its cgroup parent is, so two runtimes on one
+host never touch each other's. A job creates and deletes a dozen small files and directories
+(bundle, code, mount points, logs, runsc's state and locks). On a disk filesystem that is real
+CPU on the job's path, and on an ext4 without a journal much more: every new inode is chosen
+past all those deleted in the last minutes (ext4's `recently_deleted`), a scan that grows
+with the job rate. On a tmpfs the same files cost almost nothing, and nothing of them is
+ever written out. What may be large (the disk image, the inputs) stays on the state_dir's disk.
+"""
+
+import contextlib
+import ctypes
+import fcntl
+import hashlib
+import os
+from pathlib import Path
+
+from sandcell.domain.errors import RuntimeUnavailable
+
+RUN_ROOT = Path("/run/sandcell")
+# Small files only (the big ones stay on disk): the bound is a backstop, not a budget.
+TMPFS_OPTIONS = b"mode=0711,size=1g"
+MS_NOSUID, MS_NODEV = 0x2, 0x4
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_mounted: set[Path] = set()  # roots this process has seen mounted
+
+
+def state_key(state_dir: Path) -> str:
+    """A short name for a runtime's state_dir, the same in every process (cgroups use it too)."""
+    return hashlib.sha256(str(state_dir.resolve()).encode()).hexdigest()[:12]
+
+
+def volatile_dir(state_dir: Path, root: Path = RUN_ROOT) -> Path:
+    """The volatile directory of the runtime whose state lives in `state_dir`."""
+    return root / state_key(state_dir)
+
+
+def ensure_tmpfs(root: Path = RUN_ROOT) -> None:
+    """Mount a tmpfs at `root` unless one is there; callers in other processes wait their turn
+    (a lock beside it), so two never stack a mount each. Checked once per process and root:
+    runtimes call this before every sandbox."""
+    if root in _mounted:
+        return
+    root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with open(root.parent / f".{root.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.ismount(root):
+            root.mkdir(mode=0o711, exist_ok=True)
+            flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV)
+            if _libc.mount(b"tmpfs", os.fsencode(root), b"tmpfs", flags, TMPFS_OPTIONS) != 0:
+                reason = os.strerror(ctypes.get_errno())
+                raise RuntimeUnavailable(f"cannot mount a tmpfs at {root}: {reason}")
+    _mounted.add(root)
+
+
+def remove_if_empty(*paths: Path) -> None:
+    """Remove each of `paths` that is an empty directory, in order (children first)."""
+    for path in paths:
+        with contextlib.suppress(OSError):  # not empty (another run's), or already gone
+            path.rmdir()
