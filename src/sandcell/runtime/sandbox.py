@@ -266,7 +266,9 @@ class SandboxRun(OneShotRun):
                 problems.append(f"{step.__name__}: {exc}")
         if self.runsc.has_state(self.spec.sandbox_id):
             problems.append("runsc container state")
-        return problems + wait_until_gone(self.spec.sandbox_id)
+        if self.cgroup.exists():  # not proven empty: look for what is left on the host
+            problems += wait_until_gone(self.spec.sandbox_id)
+        return problems
 
     def _stop_container(self) -> list[str]:
         if self.proc is not None and self.proc.poll() is None:
