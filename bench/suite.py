@@ -38,6 +38,7 @@ from bench._baselines import (
 )
 from bench._server import IMAGE_DIR, UNLIMITED, server, tenant_client, worker_client
 from sandcell.runtime.images import FilesystemImageCatalog
+from sandcell.runtime.volatile import volatile_dir
 from sandcell.settings import Settings
 
 SECTIONS = ("trivial", "chart", "session", "throughput", "memory")
@@ -221,7 +222,7 @@ def _sessions(plan: Plan, url: str, data_dir: Path, pooled: bool) -> dict[str, A
                     _wait_for_pool(http, "sessions", "python-data")
                 out |= _round_trip(plan, http, data_dir, sid)
                 time.sleep(1)  # idle
-                out["idle_session_pss_mib"] = _per_sandbox(f"{data_dir}/session-sandboxes")
+                out["idle_session_pss_mib"] = _per_sandbox(data_dir / "session-sandboxes")
             http.delete(f"/v1/sessions/{sid}").raise_for_status()
     out["create"] = summary(creates)
     out["create_to_first_result"] = summary(firsts)
@@ -381,12 +382,14 @@ def memory(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
             with tenant_client(url) as http:
                 _wait_for_pool(http, "jobs", image, count=2)
             time.sleep(2)  # settle
-            result[f"idle_pooled_{image}_pss_mib"] = _per_sandbox(f"{scratch / image}/sandboxes")
+            result[f"idle_pooled_{image}_pss_mib"] = _per_sandbox(scratch / image / "sandboxes")
     return result
 
 
-def _per_sandbox(marker: str) -> dict[str, float]:
-    """PSS of every runsc process under `marker` (sentry, gofer, …), per sandbox (sentries)."""
+def _per_sandbox(state_dir: Path) -> dict[str, float]:
+    """PSS of every runsc process of the runtime with this state dir (sentry, gofer, …), per
+    sandbox (sentries). Their command lines name the runtime's volatile dir, not state_dir."""
+    marker = f"{volatile_dir(state_dir)}/"
     total, _ = pss_mib(marker)
     sandboxes = pss_mib_count_sentries(marker)
     return {
