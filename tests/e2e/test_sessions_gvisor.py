@@ -358,8 +358,10 @@ def test_a_session_paused_by_a_server_restart_resumes_with_its_memory(
             http.put(f"/v1/sessions/{sid}/files/kept.txt", content=b"kept").raise_for_status()
     # The graceful stop paused (checkpointed) the live session; nothing of it runs now.
     assert host_processes_mentioning(sandbox_id) == []
-    # Nor its warm pools' sandboxes and kernels: destroyed, never left running.
-    assert host_processes_mentioning(str(data_dir)) == []
+    # Nor its warm pools' sandboxes and kernels: destroyed, never left running (runsc's
+    # command lines name the runtimes' volatile dirs, their other files the data dir).
+    for place in (data_dir, *(runtime.run_dir for runtime in _runtimes(data_dir))):
+        assert host_processes_mentioning(str(place)) == []
     # Nor the parent cgroups of its runtimes (jobs' and sessions'): each removed its own.
     assert _parent_cgroups(data_dir) == []
     with (
@@ -374,11 +376,14 @@ def test_a_session_paused_by_a_server_restart_resumes_with_its_memory(
         http.delete(f"/v1/sessions/{sid}")
 
 
+def _runtimes(data_dir: Path) -> list[GVisorRuntime]:
+    """The server's runtimes on `data_dir` (jobs', sessions'), as seen from outside."""
+    return [GVisorRuntime(data_dir / d) for d in ("sandboxes", "session-sandboxes")]
+
+
 def _parent_cgroups(data_dir: Path) -> list[Path]:
     """The parent cgroups of the server's runtimes on `data_dir` that exist on the host."""
-    parents = [
-        GVisorRuntime(data_dir / d).cgroup_parent for d in ("sandboxes", "session-sandboxes")
-    ]
+    parents = [runtime.cgroup_parent for runtime in _runtimes(data_dir)]
     found = [Path("/sys/fs/cgroup", c, parent) for parent in parents for c in CONTROLLERS]
     return [path for path in found if path.exists()]
 
