@@ -1,8 +1,8 @@
 """Where a runtime keeps what cannot outlive a reboot: runsc's state and the sandboxes' scratch.
 
-    /run/sandcell/                 a tmpfs of its own (mounted here if it is not one already)
+    /run/sandcell/                 a tmpfs of its own (mounted unless something is mounted there)
         <key>/runsc/               runsc --root
-        <key>/sandboxes/<id>/      a sandbox's scratch, but its disk image and inputs (scratch.py)
+        <key>/sandboxes/<id>/      a sandbox's scratch, but for its disk image and inputs
 
 <key> is derived from the runtime's state_dir, as its cgroup parent is, so two runtimes on one
 host never touch each other's. A job creates and deletes a dozen small files and directories
@@ -10,7 +10,8 @@ host never touch each other's. A job creates and deletes a dozen small files and
 CPU on the job's path, and on an ext4 without a journal much more: every new inode is chosen
 past all those deleted in the last minutes (ext4's `recently_deleted`), a scan that grows
 with the job rate. On a tmpfs the same files cost almost nothing, and nothing of them is
-ever written out. What may be large (the disk image, the inputs) stays on the state_dir's disk.
+ever written out. What may be large (the disk image, the inputs) stays on the state_dir's disk
+(scratch.py).
 """
 
 import contextlib
