@@ -38,7 +38,7 @@ from sandcell.runtime.fork_watch import ForkWatch
 from sandcell.runtime.guest_mounts import needs_host_sockets, oci_guest_mounts
 from sandcell.runtime.network import BRIDGE_MEMORY_MB, BRIDGE_TASKS
 from sandcell.runtime.one_shot import EXIT_WAIT_S, OneShotRun
-from sandcell.runtime.reap import wait_until_gone
+from sandcell.runtime.reap import left_on_host
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.scratch import GUEST_UID, Scratch
 from sandcell.runtime.streams import Streams
@@ -266,9 +266,7 @@ class SandboxRun(OneShotRun):
                 problems.append(f"{step.__name__}: {exc}")
         if self.runsc.has_state(self.spec.sandbox_id):
             problems.append("runsc container state")
-        if self.cgroup.exists():  # not proven empty: look for what is left on the host
-            problems += wait_until_gone(self.spec.sandbox_id)
-        return problems
+        return problems + left_on_host(self.spec.sandbox_id, self.cgroup)
 
     def _stop_container(self) -> list[str]:
         if self.proc is not None and self.proc.poll() is None:

@@ -58,6 +58,11 @@ class Scratch:
         return self.spill or self.root
 
     @property
+    def directories(self) -> list[Path]:
+        """The root, and the spill if it is elsewhere."""
+        return [self.root] if self.spill is None else [self.root, self.spill]
+
+    @property
     def bundle(self) -> Path:
         return self.root / "bundle"
 
@@ -108,7 +113,7 @@ class Scratch:
     def let_through(self) -> None:
         """Let other uids get through (not list) the root-only scratch directories: bwrap runs
         as the sandbox's uid and opens its bind sources by path."""
-        for directory in {self.root, self.spill_dir}:
+        for directory in self.directories:
             directory.chmod(0o711)
 
     def create(self, code: bytes | None, inputs: list[InputFile], disk_mb: int) -> None:
@@ -177,7 +182,7 @@ class Scratch:
             # A mount namespace of the sandbox's (the gofer's) may still hold the filesystem:
             # the kernel frees it, and only then detaches the loop, a moment after the exit.
             settled(lambda: not self._owns_loop(), LOOP_RELEASE_S)
-        for directory in {self.root, self.spill_dir}:
+        for directory in self.directories:
             shutil.rmtree(directory, ignore_errors=True)
         return problems + self.leftovers()
 
@@ -194,7 +199,7 @@ class Scratch:
             left.append(f"mount {self.disk}")
         if self._owns_loop():
             left.append(f"loop device {self.loop_device}")
-        left += [f"directory {d}" for d in sorted({self.root, self.spill_dir}) if d.exists()]
+        left += [f"directory {d}" for d in self.directories if d.exists()]
         return left
 
 

@@ -36,7 +36,7 @@ from sandcell.runtime.hand_over import (
     await_warm,
     stop_runner,
 )
-from sandcell.runtime.reap import wait_until_gone
+from sandcell.runtime.reap import left_on_host
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import (
     JOIN_CGROUPS,
@@ -145,9 +145,7 @@ class WarmFactory:
         problems += warm.scratch.teardown()
         if self.runsc.has_state(warm.sandbox_id):
             problems.append("runsc container state")
-        if warm.cgroup.exists():  # not proven empty: look for what is left (see reap.py)
-            problems += wait_until_gone(warm.sandbox_id)
-        return problems
+        return problems + left_on_host(warm.sandbox_id, warm.cgroup)
 
     def _kill_container(self, warm: WarmSandbox) -> None:
         with contextlib.suppress(RunscError):
