@@ -11,7 +11,7 @@ from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult
 from sandcell.runtime.bundle import READY_MARKER
-from sandcell.runtime.one_shot import OneShotRun
+from sandcell.runtime.one_shot import BOOT_LOOK_S, OneShotRun
 from sandcell.runtime.streams import Streams
 
 LONG_TICK_S = 10.0  # so long that a wait which ends early was ended by the stream
@@ -86,3 +86,39 @@ def test_a_program_that_never_starts_ends_the_wait_too(started: tuple[Streams, i
     assert Run()._waited_for_start(streams)
     assert time.monotonic() - began < LONG_TICK_S / 4
     assert streams.ready_at is None and not Run()._waited_for_start(streams)
+
+
+class CountingCgroup:
+    """A cgroup whose counters say `oom_kill` once `oom` is set; it counts its reads."""
+
+    def __init__(self) -> None:
+        self.reads, self.oom = 0, False
+
+    def oom_kills(self) -> int:
+        self.reads += 1
+        return int(self.oom)
+
+    def pids_limit_hits(self) -> int:
+        self.reads += 1
+        return 0
+
+
+def test_while_booting_the_cgroup_is_read_once_a_look_then_every_tick(
+    started: tuple[Streams, int],
+) -> None:
+    streams, out_w = started
+    run, cgroup = Run(), CountingCgroup()
+    run.cgroup = cgroup  # type: ignore[assignment]
+    now = 100.0
+    assert run._cgroup_limit(streams, now) is None and cgroup.reads == 2  # the first look
+    for step in range(1, 10):  # the rest of a BOOT_LOOK_S of ticks: no reads
+        assert run._cgroup_limit(streams, now + step * BOOT_LOOK_S / 10) is None
+    assert cgroup.reads == 2
+    cgroup.oom = True
+    assert run._cgroup_limit(streams, now + BOOT_LOOK_S) is Reason.MEMORY  # the next look
+    cgroup.oom, cgroup.reads = False, 0
+    os.write(out_w, READY_MARKER)
+    assert streams.decided.wait(5) and streams.ready_at is not None
+    for step in range(3):  # the program runs: every tick reads both counters
+        assert run._cgroup_limit(streams, now + BOOT_LOOK_S + step * 0.01) is None
+    assert cgroup.reads == 6

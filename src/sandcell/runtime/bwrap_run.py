@@ -279,11 +279,9 @@ class BwrapRun(OneShotRun):
             return Reason.INTERNAL
         if streams.budget.exceeded.is_set():
             return Reason.OUTPUT_LIMIT
-        if self.cgroup.oom_kills():
-            return Reason.MEMORY
-        if self.cgroup.pids_limit_hits():
-            return Reason.PIDS
         now = time.monotonic()
+        if (counted := self._cgroup_limit(streams, now)) is not None:
+            return counted
         if streams.ready_at is None:
             return Reason.RUNTIME_ERROR if now > self.launched_at + START_TIMEOUT_S else None
         return Reason.TIMEOUT if now > streams.ready_at + self.limits.timeout_s else None

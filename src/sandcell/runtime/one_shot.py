@@ -26,6 +26,8 @@ EXIT_WAIT_S = 5.0
 # the job starts and runs, and on a busy host (16 jobs on 2 cores) that is seconds: polled every
 # 20 ms, the watch's CPU grew with the load.
 TICK_S = 0.1
+# While the sandbox boots, how often the watch reads its cgroup's counters (see _cgroup_due).
+BOOT_LOOK_S = 1.0
 
 
 class OneShotRun(ABC):
@@ -37,6 +39,7 @@ class OneShotRun(ABC):
     proc: subprocess.Popen[bytes] | None
     streams: Streams | None
     launched_at: float
+    next_boot_look: float = 0.0  # when the watch next reads the cgroup while booting
     started: float
     usage: dict[str, float]
     kill_reason: Reason | None
@@ -139,6 +142,25 @@ class OneShotRun(ABC):
             return False
         streams.decided.wait(self._wait_s(streams))
         return True
+
+    def _cgroup_limit(self, streams: Streams, now: float) -> Reason | None:
+        """A limit the cgroup's counters show crossed: an OOM kill, the host task cap.
+
+        Read every tick once the program runs; while the sandbox boots, every BOOT_LOOK_S. An
+        OOM kill or the task cap during the boot ends the sandbox by itself, and `_decide`
+        reads the counters after the exit, so the reason is the same; only a boot that hangs
+        after one is seen later. Under load a boot lasts seconds (16 sandboxes on 2 cores),
+        and two reads every tick of it were CPU spent on every job for nothing.
+        """
+        if streams.ready_at is None:
+            if now < self.next_boot_look:
+                return None
+            self.next_boot_look = now + BOOT_LOOK_S
+        if self.cgroup.oom_kills():
+            return Reason.MEMORY
+        if self.cgroup.pids_limit_hits():
+            return Reason.PIDS
+        return None
 
     def _usage_now(self) -> dict[str, float]:
         return self.usage | {"wall_s": round(time.monotonic() - self.started, 3)}

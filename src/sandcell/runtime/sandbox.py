@@ -153,11 +153,9 @@ class SandboxRun(OneShotRun):
             return Reason.OUTPUT_LIMIT
         if self.forks.refused:
             return Reason.PIDS
-        if self.cgroup.oom_kills():
-            return Reason.MEMORY
-        if self.cgroup.pids_limit_hits():
-            return Reason.PIDS
         now = time.monotonic()
+        if (counted := self._cgroup_limit(streams, now)) is not None:
+            return counted
         if streams.ready_at is None:
             return Reason.RUNTIME_ERROR if now > self.launched_at + START_TIMEOUT_S else None
         if not self.cpu_applied and not self._apply_tenant_cpu():
