@@ -14,6 +14,7 @@ from sandcell.domain.errors import StaleLease
 from sandcell.domain.states import JobState
 from sandcell.ports.runtime import EarlySink, SandboxResult, SandboxSink, SandboxSpec
 from sandcell.services import files
+from sandcell.services import leases as leases_module
 from sandcell.services import worker as worker_module
 from sandcell.services.worker import Worker, WorkerConfig
 from sandcell.settings import Settings
@@ -130,7 +131,7 @@ def test_a_cancel_reaches_a_running_job_by_notification_or_by_the_fallback_look(
 ) -> None:
     """Notified, the worker looks at once (its fallback look is an hour away); with the
     notification lost, the fallback look (here 0.2 s) still finds the request."""
-    monkeypatch.setattr(worker_module, "CANCEL_POLL_S", 3600 if notified else 0.2)
+    monkeypatch.setattr(leases_module, "CANCEL_POLL_S", 3600 if notified else 0.2)
     alice = api.tenant("alice")
     slow = api.http.post(
         "/v1/jobs", json={"code": "import time; time.sleep(30)"}, headers=alice

@@ -75,7 +75,7 @@ def test_a_lease_that_runs_out_in_a_store_outage_stops_the_job_and_writes_nothin
     runner.join(10)
     assert not runner.is_alive() and time.monotonic() - began < 1 + 3  # the lease, then a stop
     assert not Path(f"/proc/{pid_file.read_text()}").exists()  # the job's process is gone
-    assert store.refused <= {"cancel_requested", "renew_lease"}  # nothing written once lost
+    assert store.refused <= {"cancels_requested", "renew_lease"}  # nothing written once lost
     assert "lease ran out while the store was unreachable" in caplog.text
     assert "its sandbox was stopped (released); leaving it to its new owner" in caplog.text
     store.down.clear()

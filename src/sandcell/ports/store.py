@@ -64,6 +64,9 @@ class Store(Protocol):
         """Extend the lease; False when the lease is lost. Also reports cancel requests."""
 
     def cancel_requested(self, job_id: str) -> bool: ...
+    def cancels_requested(self, job_ids: list[str]) -> set[str]:
+        """Which of these jobs a caller has asked to cancel (one read for a worker's jobs)."""
+
     def mark_started(
         self, job_id: str, token: int, at: float, image_digest: str, sandbox_id: str
     ) -> None:

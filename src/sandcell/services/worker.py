@@ -35,8 +35,6 @@ from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.egress import Egress, EgressSession
 from sandcell.ports.images import ImageCatalog
 from sandcell.ports.notify import (
-    ANY,
-    JOB_CANCEL,
     JOB_DONE,
     JOB_QUEUED,
     LocalNotifier,
@@ -56,13 +54,13 @@ from sandcell.ports.runtime import (
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.ports.store import Store
 from sandcell.services.job_sink import JobSink
+from sandcell.services.leases import LeaseKeeper
 from sandcell.services.patience import next_delay, patiently
 from sandcell.services.secrets import SecretService, secret_bindings
 from sandcell.services.stages import StageRecorder, restored_outputs
 
 log = logging.getLogger("sandcell.worker")
 T = TypeVar("T")
-CANCEL_POLL_S = 1.0  # a running job's look at the store for a cancel its notification missed
 
 BASE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
@@ -119,6 +117,7 @@ class Worker:
         self._cancels: dict[str, threading.Event] = {}
         self._shutdown = threading.Event()
         self._next_housekeeping = 0.0
+        self.leases = LeaseKeeper(store, self.notifier, config.lease_s, config.heartbeat_s)
         self.stop_mode: StopMode | None = None  # an operator's drain/stop request, once read
 
     def serve(self, stop: threading.Event) -> StopMode | None:
@@ -354,24 +353,7 @@ class Worker:
         lost = sink.abandoned  # the lease is gone: nothing of this attempt may be written
         with self._lock:
             self._cancels[job.id] = cancel
-        poke = threading.Event()
-
-        def poked(payload: str) -> None:
-            if payload in (job.id, ANY):
-                poke.set()
-
-        unlisten = self.notifier.listen(JOB_CANCEL, poked)
-        beat = threading.Thread(
-            target=self._heartbeat, args=(job, token, cancel, lost, poke), daemon=True
-        )
-        beat.start()
-
-        def stop_beat() -> None:
-            unlisten()
-            cancel.set()
-            poke.set()
-            beat.join()
-
+        stop_beat = self.leases.hold(job, token, cancel, lost)
         early = EarlyEnd(
             lambda result: self._end_early(job, token, sink, result, stop_beat, recorder)
         )
@@ -521,45 +503,6 @@ class Worker:
                 raise SandcellError(f"input file {ref.file_id} was deleted before the job ran")
             inputs.append(InputFile(self.blobs.path(stored.sha256), ref.path))
         return inputs
-
-    def _heartbeat(
-        self,
-        job: Job,
-        token: int,
-        done: threading.Event,
-        lost: threading.Event,
-        poke: threading.Event,
-    ) -> None:
-        """Renew the lease; turn a cancel request into `done`, a lost lease into both.
-
-        A cancel notification pokes it to look at once; it also looks every CANCEL_POLL_S,
-        which is all a lost notification costs.
-        """
-        while not done.is_set():
-            poke.wait(min(self.config.heartbeat_s, CANCEL_POLL_S))
-            poke.clear()  # before the look: a poke from now on means another one
-            if done.is_set():
-                return
-            try:
-                self._beat(job, token, done, lost)
-            except StoreUnavailable:
-                # Renewed at half-life, the lease has slack: an outage is tried again next
-                # tick. Once it has run out, another worker may run the job: stop this one.
-                if time.time() >= (job.lease_expires_at or 0):
-                    log.warning("job %s: lease ran out while the store was unreachable", job.id)
-                    lost.set()
-                    done.set()
-
-    def _beat(self, job: Job, token: int, done: threading.Event, lost: threading.Event) -> None:
-        if self.store.cancel_requested(job.id):
-            done.set()
-        if time.time() > (job.lease_expires_at or 0) - self.config.lease_s / 2:
-            asked = time.time()  # the store's expiry counts from here, so does ours
-            if not self.store.renew_lease(job.id, token, asked, self.config.lease_s):
-                lost.set()
-                done.set()
-                return
-            job.lease_expires_at = asked + self.config.lease_s
 
     def _finish(self, job: Job, token: int, sink: JobSink | None, result: SandboxResult) -> None:
         now = time.time()

@@ -106,6 +106,9 @@ _CLAIM = (
 _JOB = select(jobs).where(jobs.c.id == bindparam("job"))
 _JOB_OF_TENANT = _JOB.where(jobs.c.tenant_id == bindparam("tenant"))
 _CANCEL_REQUESTED_AT = select(jobs.c.cancel_requested_at).where(jobs.c.id == bindparam("job"))
+_CANCELS_REQUESTED = select(jobs.c.id).where(
+    jobs.c.id.in_(bindparam("jobs", expanding=True)), jobs.c.cancel_requested_at.is_not(None)
+)
 # What every request reads (its key, its tenant; the job or session it names), built once too.
 _API_KEY = select(api_keys).where(api_keys.c.id == bindparam("key"))
 _TENANT = select(tenants).where(tenants.c.id == bindparam("tenant"))
@@ -670,6 +673,10 @@ class SqlStore:
         with self._read() as conn:
             at = conn.execute(_CANCEL_REQUESTED_AT, {"job": job_id}).scalar()
         return at is not None
+
+    def cancels_requested(self, job_ids: list[str]) -> set[str]:
+        with self._read() as conn:
+            return set(conn.execute(_CANCELS_REQUESTED, {"jobs": job_ids}).scalars())
 
     def mark_started(
         self, job_id: str, token: int, at: float, image_digest: str, sandbox_id: str
