@@ -5,7 +5,11 @@ are read-only; committed stage files come back under /output owned by the guest,
 program starts; a stage that no longer fits the disk fails the start, never half-restores.
 """
 
+import errno
+import os
+import subprocess
 import threading
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import BinaryIO
@@ -15,8 +19,15 @@ import pytest
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
-from sandcell.ports.runtime import InputFile, SandboxSpec
+from sandcell.ports.runtime import GUEST_CHANNEL_DIR, InputFile, SandboxSpec
+from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.remote.guest_channel import SocketGuestChannels
+from sandcell.runtime.guest_mounts import (
+    ensure_guest_package,
+    guest_binds,
+    is_mount_point,
+    oci_guest_mounts,
+)
 from sandcell.runtime.images import build_image
 from tests.integration.conftest import IMAGE_DIR, RecordingSink
 from tests.security.conftest import AnyRuntime, assert_released
@@ -175,3 +186,51 @@ def test_a_guest_request_naming_another_job_cannot_touch_it(
     assert (mine.stages, mine.once_keys) == ({}, ["k"])
     assert (other.stages, other.once_keys) == ({}, [])
     assert_released(runtime, spec.sandbox_id)
+
+
+@pytest.fixture
+def image_root(tmp_path: Path) -> Iterator[Path]:
+    """An image root with the package's mount point (a space in its path, as mountinfo escapes
+    it); whatever gets mounted there is undone."""
+    rootfs = tmp_path / "image root"
+    target = rootfs / GUEST_PACKAGE_DIR.lstrip("/")
+    target.mkdir(parents=True)
+    yield rootfs
+    while is_mount_point(target):
+        subprocess.run(["umount", "-l", str(target)], check=True)
+
+
+def test_the_package_is_bound_once_read_only_into_the_image_root(image_root: Path) -> None:
+    """Every sandbox of the image sees it through its root: no mount of its own per sandbox."""
+    target = image_root / GUEST_PACKAGE_DIR.lstrip("/")
+    ensure_guest_package(image_root)
+    assert is_mount_point(target) and (target / "sandcell_guest.py").is_file()
+    flags = os.statvfs(target).f_flag
+    for flag in (os.ST_RDONLY, os.ST_NOSUID, os.ST_NODEV, os.ST_NOEXEC):
+        assert flags & flag, flag
+    with pytest.raises(OSError) as refused:
+        (target / "evil.py").write_text("x")
+    assert refused.value.errno == errno.EROFS
+    ensure_guest_package(image_root)
+    mounts = Path("/proc/self/mountinfo").read_text().split("\n")
+    escaped = str(target).replace(" ", "\\040")
+    assert sum(f" {escaped} " in line for line in mounts) == 1  # not stacked
+
+
+def test_a_package_bound_by_an_earlier_install_is_replaced(
+    image_root: Path, tmp_path: Path
+) -> None:
+    target = image_root / GUEST_PACKAGE_DIR.lstrip("/")
+    old = tmp_path / "old-guest"
+    old.mkdir()
+    (old / "stale.py").write_text("")
+    subprocess.run(["mount", "--bind", str(old), str(target)], check=True)
+    ensure_guest_package(image_root)
+    assert (target / "sandcell_guest.py").is_file() and not (target / "stale.py").exists()
+    assert os.statvfs(target).f_flag & os.ST_RDONLY
+
+
+def test_a_job_sandbox_has_no_mount_of_its_own_for_the_package(python_image: Image) -> None:
+    spec = _spec(python_image, "g-mounts", "print(1)", guest_channel=Path("/nonexistent"))
+    assert [m["destination"] for m in oci_guest_mounts(spec)] == [GUEST_CHANNEL_DIR]
+    assert [dest for _, dest in guest_binds(spec)] == [GUEST_CHANNEL_DIR]

@@ -1,9 +1,10 @@
 """Sessions on gVisor: a long-lived runsc sandbox per session, its kernel driven over pipes.
 
 A session sandbox is a job sandbox (the same bundle, cgroup, seccomp filter, uid, no network
-unless egress) whose program is the guest kernel (sandcell.guest.kernel), mounted read-only at
-GUEST_PACKAGE_DIR. `runsc run` runs in the foreground, so its stdin and stdout are the
-kernel's: they are the wire (see kernel_channel.py).
+unless egress) whose program is the guest kernel (sandcell.guest.kernel), read-only at
+GUEST_PACKAGE_DIR in the image's root (guest_mounts.ensure_guest_package). `runsc run` runs in
+the foreground, so its stdin and stdout are the kernel's: they are the wire (see
+kernel_channel.py).
 
 pause   `runsc checkpoint` into <state_dir>/checkpoint: the sandbox ends with its memory on
         disk; then its host resources are released. The volume (session_volume.py) stays.
@@ -19,13 +20,13 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-import sandcell.guest
 from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.ports.runtime import SandboxSpec
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR, SessionSpec
 from sandcell.runtime.bundle import check_env, oci_config, write_config
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.ext4 import ScratchError
+from sandcell.runtime.guest_mounts import ensure_guest_package
 from sandcell.runtime.gvisor import SANDBOX_ID, GVisorRuntime
 from sandcell.runtime.runsc import RunscError
 from sandcell.runtime.sandbox import JOIN_CGROUPS, cgroup_limits
@@ -35,7 +36,6 @@ from sandcell.runtime.session_volume import VOLUME_NAME, SessionScratch
 
 log = logging.getLogger("sandcell.runtime.session")
 START_TIMEOUT_S = 30.0  # runsc boot plus `import IPython` (or a restore)
-GUEST_SOURCE = Path(sandcell.guest.__file__).parent
 # The kernel starts the guest package by name, from the directory above its mount point.
 GUEST_PARENT, GUEST_NAME = str(Path(GUEST_PACKAGE_DIR).parent), Path(GUEST_PACKAGE_DIR).name
 KERNEL_BOOT = (
@@ -165,11 +165,7 @@ def _prepare(parts: SessionParts, overhead_mb: int) -> SandboxSpec:
     argv = [spec.image.python, "-I", "-u", "-c", KERNEL_BOOT]
     sandbox_spec = SandboxSpec(spec.sandbox_id, spec.image, argv, env, limits, egress=spec.egress)
     config = oci_config(sandbox_spec, parts.scratch)
-    guest = ["rbind", "ro", "nosuid", "nodev", "noexec"]  # read, never executed
-    config["mounts"].append(
-        {"destination": GUEST_PACKAGE_DIR, "type": "bind", "source": str(GUEST_SOURCE)}
-        | {"options": guest}
-    )
+    ensure_guest_package(spec.image.rootfs)  # the kernel's code, in the image's root
     write_config(config, parts.scratch.bundle)
     overhead_mb += KERNEL_MEMORY_MB
     parts.cgroup.create(cgroup_limits(limits, overhead_mb, spec.egress is not None))
