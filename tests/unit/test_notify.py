@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sandcell.api.waiting import FALLBACK_S, JobEnd
+from sandcell.api import waiting
+from sandcell.api.waiting import FALLBACK_S, EndSweep, JobEnd
 from sandcell.ports.notify import ANY, JOB_DONE, JOB_LOGS, JOB_QUEUED, LocalNotifier, wake_on
 from sandcell.store.notify_local import SocketNotifier
 
@@ -209,3 +210,62 @@ def test_socket_notifier_without_a_usable_directory_still_wakes_its_own_process(
         assert heard.wait() == ["job_1"]
     finally:
         notifier.close()
+
+
+def test_the_sweep_wakes_every_waiter_of_an_ended_job_with_one_read_a_look(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Notifications lost: the waiters of a job that ended hear of it at the sweep's next look;
+    one read covers every awaited job; the look stops once nobody waits."""
+    monkeypatch.setattr(waiting, "FALLBACK_S", 0.05)
+    ended: set[str] = set()
+    reads: list[list[str]] = []
+
+    def ended_among(job_ids: list[str]) -> set[str]:
+        reads.append(sorted(job_ids))
+        return ended & set(job_ids)
+
+    async def scenario() -> tuple[list[float], bool]:
+        sweep, notifier = EndSweep(ended_among), LocalNotifier()  # nobody notifies
+        loop = asyncio.get_running_loop()
+        with (
+            JobEnd(notifier, "job_1", sweep=sweep) as first,
+            JobEnd(notifier, None, sweep=sweep) as second,  # a submit's: its id comes later
+            JobEnd(notifier, "job_2", sweep=sweep) as other,
+        ):
+            second.expect("job_1")
+            await asyncio.sleep(0.12)  # looks that find nothing ended wake nobody
+            ended.add("job_1")
+            started = loop.time()
+            woken = []
+            for end in (first, second):
+                await end.wait(10)
+                woken.append(loop.time() - started)
+            started = loop.time()
+            await other.wait(0.2)
+            other_woken = loop.time() - started < 0.15
+        reads.clear()
+        await asyncio.sleep(0.2)
+        return woken, other_woken
+
+    woken, other_woken = asyncio.run(scenario())
+    assert all(seconds < 1.0 for seconds in woken)  # not the 10 s they would wait for
+    assert not other_woken  # job_2 has not ended: its waiter waited its whole 0.2 s
+    assert reads == []  # nobody waits: no more looks
+
+
+def test_each_look_reads_every_awaited_job_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(waiting, "FALLBACK_S", 0.05)
+    reads: list[list[str]] = []
+
+    def ended_among(job_ids: list[str]) -> set[str]:
+        reads.append(sorted(job_ids))
+        return set()
+
+    async def scenario() -> None:
+        sweep, notifier = EndSweep(ended_among), LocalNotifier()
+        with JobEnd(notifier, "job_1", sweep=sweep), JobEnd(notifier, "job_2", sweep=sweep):
+            await asyncio.sleep(0.18)
+
+    asyncio.run(scenario())
+    assert 2 <= len(reads) <= 4 and all(ids == ["job_1", "job_2"] for ids in reads)

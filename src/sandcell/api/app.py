@@ -12,6 +12,7 @@ from sandcell.api.deps import Services
 from sandcell.api.metrics import registry_for
 from sandcell.api.requests import RequestLog
 from sandcell.api.schemas import HealthOut, ReadyOut
+from sandcell.api.waiting import EndSweep
 from sandcell.domain.records import LIVE_WORKER_S
 
 
@@ -24,6 +25,7 @@ def create_app(
         description="Secure code-interpreter jobs in gVisor sandboxes.",
     )
     app.state.services = services
+    app.state.end_sweep = EndSweep(services.store.ended_among)  # every `?wait=`'s fallback
     problems.install(app)
     app.include_router(routes.router)
     app.include_router(session_routes.router)

@@ -25,7 +25,7 @@ from sandcell.api.schemas import (
     SignedUrlOut,
 )
 from sandcell.api.views import artifact_out, file_out, iso, job_out, jobs_out, log_text
-from sandcell.api.waiting import FALLBACK_S, JobEnd
+from sandcell.api.waiting import FALLBACK_S, EndSweep, JobEnd
 from sandcell.domain.records import InputRef, Job, SecretInfo
 from sandcell.domain.states import JobState
 from sandcell.ports.notify import JOB_DONE, JOB_LOGS
@@ -120,7 +120,7 @@ async def submit_job(
         return await to_thread.run_sync(_job_out, svc, await accept())
     # Listening before the job exists: its end cannot pass unheard, so unlike a GET's wait
     # this one needs no read to learn whether the job ended before the listening began.
-    with JobEnd(svc.jobs.notifier, None) as end:
+    with JobEnd(svc.jobs.notifier, None, sweep=request.app.state.end_sweep) as end:
         job = await accept()
         if job.state.is_terminal:  # an Idempotency-Key replay of a finished job
             return await to_thread.run_sync(_job_out, svc, job)
@@ -159,25 +159,28 @@ async def get_job(
     svc: Svc,
     who: Caller,
     job_id: str,
+    request: Request,
     wait: Annotated[
         float, Query(ge=0, le=MAX_WAIT_S, description="seconds to wait for the end")
     ] = 0,
 ) -> JobOut:
     """The job record; with `wait`, answers as soon as the job is terminal (or wait runs out)."""
     if wait:
-        return await _until_terminal(svc, who, job_id, wait)
+        return await _until_terminal(svc, who, job_id, wait, request.app.state.end_sweep)
     return await to_thread.run_sync(_get_out, svc, who, job_id)
 
 
-async def _until_terminal(svc: Svc, who: Caller, job_id: str, wait: float) -> JobOut:
-    with JobEnd(svc.jobs.notifier, job_id) as end:
+async def _until_terminal(
+    svc: Svc, who: Caller, job_id: str, wait: float, sweep: EndSweep
+) -> JobOut:
+    with JobEnd(svc.jobs.notifier, job_id, sweep=sweep) as end:
         # Read once listening: the job may have ended just before.
         job = await to_thread.run_sync(svc.jobs.get, who, job_id)
         return await _await_end(svc, who, job, end, wait)
 
 
 async def _await_end(svc: Svc, who: Caller, job: Job, end: JobEnd, wait: float) -> JobOut:
-    """Re-read the job when a notification says it ended (or every FALLBACK_S) until `wait`."""
+    """Re-read the job when a notification (or the sweep) says it ended, until `wait`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while not job.state.is_terminal and (left := deadline - loop.time()) > 0:

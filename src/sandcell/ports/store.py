@@ -48,6 +48,9 @@ class Store(Protocol):
         """
 
     def get_job(self, tenant_id: str | None, job_id: str) -> Job | None: ...
+    def ended_among(self, job_ids: list[str]) -> set[str]:
+        """Which of these jobs are terminal (one read for every waiter of an API process)."""
+
     def list_jobs(
         self, tenant_id: str, state: JobState | None, after: tuple[float, str] | None, limit: int
     ) -> list[Job]: ...

@@ -106,6 +106,9 @@ _CLAIM = (
 _JOB = select(jobs).where(jobs.c.id == bindparam("job"))
 _JOB_OF_TENANT = _JOB.where(jobs.c.tenant_id == bindparam("tenant"))
 _CANCEL_REQUESTED_AT = select(jobs.c.cancel_requested_at).where(jobs.c.id == bindparam("job"))
+_ENDED_AMONG = select(jobs.c.id).where(
+    jobs.c.id.in_(bindparam("jobs", expanding=True)), jobs.c.state.in_(TERMINAL)
+)
 _CANCELS_REQUESTED = select(jobs.c.id).where(
     jobs.c.id.in_(bindparam("jobs", expanding=True)), jobs.c.cancel_requested_at.is_not(None)
 )
@@ -673,6 +676,10 @@ class SqlStore:
         with self._read() as conn:
             at = conn.execute(_CANCEL_REQUESTED_AT, {"job": job_id}).scalar()
         return at is not None
+
+    def ended_among(self, job_ids: list[str]) -> set[str]:
+        with self._read() as conn:
+            return set(conn.execute(_ENDED_AMONG, {"jobs": job_ids}).scalars())
 
     def cancels_requested(self, job_ids: list[str]) -> set[str]:
         with self._read() as conn:
