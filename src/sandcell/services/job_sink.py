@@ -23,6 +23,7 @@ from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.notify import JOB_LOGS, Notifier
 from sandcell.ports.runtime import SandboxResult
 from sandcell.ports.store import Store
+from sandcell.services.later import LATER, Call
 from sandcell.services.patience import patiently
 
 log = logging.getLogger("sandcell.worker")
@@ -57,7 +58,7 @@ class JobSink:
         # A repeat after a lost answer can at worst duplicate a log chunk or an artifact row.
         self.patience_s = patience_s
         self.started_at: float | None = None
-        self._started_timer: threading.Timer | None = None
+        self._started_timer: Call | None = None
         self._start_written = False
         self._started_lock = threading.Lock()  # the start's write against `settle`
         self._settled = False
@@ -78,7 +79,7 @@ class JobSink:
         # LOG_FLUSH_S, and a job's first output (a cold boot after the sink was made) is not
         # written on its own at once, only to be followed by the end's write a moment later.
         self._held_since = 0.0
-        self._timer: threading.Timer | None = None
+        self._timer: Call | None = None
 
     def _staged(self) -> set[tuple[str, str]]:
         # /output is collected after the program exited, so every stage is committed by the
@@ -102,9 +103,7 @@ class JobSink:
         if self.abandoned.is_set():
             return
         self.started_at = time.time()
-        self._started_timer = threading.Timer(STARTED_WRITE_S, self._write_started)
-        self._started_timer.daemon = True
-        self._started_timer.start()
+        self._started_timer = LATER.call_in(STARTED_WRITE_S, self._write_started)
 
     def _write_started(self) -> None:
         with self._started_lock:
@@ -159,9 +158,7 @@ class JobSink:
             elif self._timer is None:
                 # Output that no more output follows (a last line before a long wait) must not
                 # wait for the job's end to become readable.
-                self._timer = threading.Timer(LOG_FLUSH_S, self._flush_later)
-                self._timer.daemon = True
-                self._timer.start()
+                self._timer = LATER.call_in(LOG_FLUSH_S, self._flush_later)
 
     def flush(self) -> None:
         with self._lock:
