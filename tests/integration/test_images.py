@@ -15,6 +15,7 @@ import pytest
 from sandcell.domain.errors import ImageUnavailable
 from sandcell.domain.images import Image
 from sandcell.runtime.digest import tree_digest
+from sandcell.runtime.guest_mounts import ensure_guest_package
 from sandcell.runtime.images import (
     RECIPES,
     FilesystemImageCatalog,
@@ -95,6 +96,7 @@ def test_catalog_serves_the_built_image_and_verify_checks_it(python_image: Image
     assert "python" in catalog.names()
     assert catalog.get("python") == python_image
     verify(python_image)
+    ensure_guest_package(python_image.rootfs)  # as while sandboxes run: not the image's
     verify(python_image, full=True)  # re-hash: the tree is still what the manifest says
     with pytest.raises(ImageUnavailable, match="rebuilt"):
         verify(replace(python_image, digest="sha256:" + "0" * 64))
@@ -193,6 +195,22 @@ def test_digest_changes_with_any_content_mode_or_link_change(tmp_path: Path, cha
     else:
         (root / "dir" / "file").rename(root / "dir" / "file2")
     assert tree_digest(root) != before
+
+
+def test_a_host_mount_point_counts_as_the_empty_directory_a_build_leaves(tmp_path: Path) -> None:
+    """What is bound on the guest package's mount point while sandboxes run is not the image's;
+    a mount point digested so matches the tree as built; the rest of the tree still counts."""
+    root = _small_tree(tmp_path / "t")
+    (root / "empty").chmod(0o755)
+    if os.geteuid() == 0:
+        os.chown(root / "empty", 0, 0)
+    as_built = tree_digest(root)
+    assert tree_digest(root, ("empty",)) == as_built
+    (root / "empty" / "package.py").write_bytes(b"x")
+    (root / "empty").chmod(0o700)
+    assert tree_digest(root, ("empty",)) == as_built
+    (root / "dir" / "file").write_bytes(b"changed")
+    assert tree_digest(root, ("empty",)) != as_built
 
 
 def test_mirror_comes_from_apt_sources(tmp_path: Path) -> None:

@@ -24,9 +24,9 @@ from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.remote.guest_channel import SocketGuestChannels
 from sandcell.runtime.guest_mounts import (
     ensure_guest_package,
-    guest_binds,
     is_mount_point,
     oci_guest_mounts,
+    release_guest_package,
 )
 from sandcell.runtime.images import build_image
 from tests.integration.conftest import IMAGE_DIR, RecordingSink
@@ -230,7 +230,20 @@ def test_a_package_bound_by_an_earlier_install_is_replaced(
     assert os.statvfs(target).f_flag & os.ST_RDONLY
 
 
-def test_a_job_sandbox_has_no_mount_of_its_own_for_the_package(python_image: Image) -> None:
+def test_a_gvisor_sandbox_has_no_mount_of_its_own_for_the_package(python_image: Image) -> None:
     spec = _spec(python_image, "g-mounts", "print(1)", guest_channel=Path("/nonexistent"))
     assert [m["destination"] for m in oci_guest_mounts(spec)] == [GUEST_CHANNEL_DIR]
-    assert [dest for _, dest in guest_binds(spec)] == [GUEST_CHANNEL_DIR]
+    assert oci_guest_mounts(replace(spec, guest_channel=None)) == []
+
+
+def test_a_root_about_to_be_removed_lets_go_of_the_package(image_root: Path) -> None:
+    target = image_root / GUEST_PACKAGE_DIR.lstrip("/")
+    ensure_guest_package(image_root)
+    release_guest_package(image_root)
+    assert not is_mount_point(target) and list(target.iterdir()) == []
+    release_guest_package(image_root)  # nothing bound: nothing to do
+
+
+def test_a_broken_image_without_the_mount_point_is_left_to_the_start(tmp_path: Path) -> None:
+    ensure_guest_package(tmp_path / "no-such-root")  # the sandbox's start reports it
+    assert not (tmp_path / "no-such-root").exists()

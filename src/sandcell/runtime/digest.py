@@ -22,21 +22,32 @@ TYPES = {
 }
 
 
-def tree_digest(root: Path) -> str:
-    """ "sha256:<hex>" over every entry below `root` (symlinks are never followed)."""
+def tree_digest(root: Path, mount_points: tuple[str, ...] = ()) -> str:
+    """ "sha256:<hex>" over every entry below `root` (symlinks are never followed).
+
+    `mount_points` (paths relative to `root`) count as what a build leaves there, an empty
+    directory (0755, root's), whatever is mounted on them while sandboxes run.
+    """
     total = hashlib.sha256()
-    for rel in sorted(_relative_paths(root)):
-        total.update(_entry_line(root, rel))
+    opaque = {os.fsencode(point) for point in mount_points}
+    for rel in sorted(_relative_paths(root, opaque)):
+        total.update(empty_dir_line(rel) if rel in opaque else _entry_line(root, rel))
     return f"sha256:{total.hexdigest()}"
 
 
-def _relative_paths(root: Path) -> list[bytes]:
+def _relative_paths(root: Path, opaque: set[bytes]) -> list[bytes]:
     base = os.fsencode(root)
     paths = []
     for dirpath, dirs, files in os.walk(base, followlinks=False):
         for name in dirs + files:
             paths.append(os.path.relpath(os.path.join(dirpath, name), base))
+        dirs[:] = [d for d in dirs if os.path.relpath(os.path.join(dirpath, d), base) not in opaque]
     return paths
+
+
+def empty_dir_line(rel: bytes) -> bytes:
+    """The line _entry_line writes for an empty directory, mode 0755, owned by root."""
+    return b"\0".join([rel, b"d", b"755", b"0:0", b"0", b""]) + b"\n"
 
 
 def _entry_line(root: Path, rel: bytes) -> bytes:

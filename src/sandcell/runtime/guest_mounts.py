@@ -1,10 +1,11 @@
 """What every job sandbox gets for the guest helper (`import sandcell_guest`), on any runtime.
 
 - the guest package (src/sandcell/guest), read-only at GUEST_PACKAGE_DIR; the worker puts that
-  directory on PYTHONPATH. It holds code only, no sockets and nothing secret. It is bound there
-  on the host, once per image (`ensure_guest_package`), so that every sandbox's root shows it
-  without a mount of its own: under gVisor each mount is one more gofer channel for the
-  sentry to set up, some 3 ms of CPU for every sandbox, used or not;
+  directory on PYTHONPATH. It holds code only, no sockets and nothing secret. Under gVisor it
+  is bound there on the host, once per image root (`ensure_guest_package`), and every
+  sandbox's root shows it: a mount of each sandbox's own would be one more gofer channel for
+  the sentry to set up, some 3 ms of CPU for every sandbox, used or not. bwrap binds it per
+  sandbox, which costs next to nothing there;
 - the attempt's guest channel directory (commit_stage, once), read-only at GUEST_CHANNEL_DIR.
   Read-only is enough to connect(2) to the socket in it and keeps the guest from creating
   anything in the host directory. Its socket is served by the worker for this attempt only.
@@ -45,14 +46,23 @@ def ensure_guest_package(rootfs: Path, source: Path = GUEST_SOURCE) -> None:
     two never stack a mount each. The image's own files stay as they were built: the bind
     only covers its empty mount point."""
     target = rootfs / GUEST_PACKAGE_DIR.lstrip("/")
-    if _same_directory(target, source):
-        return
+    if _same_directory(target, source) or not target.is_dir():
+        return  # bound; or a broken image, which the sandbox's start reports
     with _bound_lock, open(LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         while is_mount_point(target) and not _same_directory(target, source):
             _call(_libc.umount2(os.fsencode(target), MNT_DETACH), f"detach {target}")
         if not is_mount_point(target):
             _bind_read_only(source, target)
+
+
+def release_guest_package(rootfs: Path) -> None:
+    """Detach the package from an image root that is about to be removed."""
+    target = rootfs / GUEST_PACKAGE_DIR.lstrip("/")
+    with _bound_lock, open(LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        while is_mount_point(target):
+            _call(_libc.umount2(os.fsencode(target), MNT_DETACH), f"detach {target}")
 
 
 def is_mount_point(path: Path) -> bool:
@@ -92,12 +102,11 @@ def _call(result: int, what: str, err: int | None = None) -> None:
 
 
 def guest_binds(spec: SandboxSpec) -> list[tuple[Path, str]]:
-    """(host source, guest destination) pairs, each to be bind-mounted read-only: only the
-    attempt's channel, if it has one. The package is made sure of in the image's root."""
-    ensure_guest_package(spec.image.rootfs)
-    if spec.guest_channel is None:
-        return []
-    return [(spec.guest_channel, GUEST_CHANNEL_DIR)]
+    """(host source, guest destination) pairs, each to be bind-mounted read-only (bwrap)."""
+    binds = [(GUEST_SOURCE, GUEST_PACKAGE_DIR)]
+    if spec.guest_channel is not None:
+        binds.append((spec.guest_channel, GUEST_CHANNEL_DIR))
+    return binds
 
 
 def needs_host_sockets(spec: SandboxSpec) -> bool:
@@ -109,9 +118,12 @@ def needs_host_sockets(spec: SandboxSpec) -> bool:
 
 
 def oci_guest_mounts(spec: SandboxSpec) -> list[dict[str, Any]]:
-    """The guest binds as OCI mounts (gVisor); nosuid/nodev/noexec: only Python reads them."""
+    """The sandbox's own guest mounts under gVisor: only the channel, read-only, nosuid, nodev,
+    noexec. The package comes with the image root: call ensure_guest_package first."""
+    if spec.guest_channel is None:
+        return []
     options = ["rbind", "ro", "nosuid", "nodev", "noexec"]
+    source = str(spec.guest_channel)
     return [
-        {"destination": destination, "type": "bind", "source": str(source), "options": options}
-        for source, destination in guest_binds(spec)
+        {"destination": GUEST_CHANNEL_DIR, "type": "bind", "source": source, "options": options}
     ]

@@ -26,6 +26,7 @@ from sandcell.ports.egress import GUEST_CA_BUNDLE, GUEST_SOCKET_DIR
 from sandcell.ports.runtime import GUEST_CHANNEL_DIR
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.runtime.digest import tree_digest
+from sandcell.runtime.guest_mounts import release_guest_package
 from sandcell.runtime.mirror import debian_mirror
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
@@ -37,6 +38,8 @@ MOUNT_POINTS = ("job", "input", "workspace", "output")  # the root is read-only:
 EGRESS_MOUNT_DIR = GUEST_SOCKET_DIR.lstrip("/")
 EGRESS_MOUNT_FILE = GUEST_CA_BUNDLE.lstrip("/")
 BUILD_TIMEOUT_S = 900
+# Bound on the host while sandboxes run (guest_mounts.ensure_guest_package): not the image's.
+HOST_MOUNT_POINTS = (GUEST_PACKAGE_DIR.lstrip("/"),)
 
 
 @dataclass(frozen=True)
@@ -156,7 +159,7 @@ def verify(image: Image, *, full: bool = False) -> None:
     manifest = _read_manifest(version_dir)
     if manifest is None or manifest.digest != image.digest or not image.rootfs.is_dir():
         raise ImageUnavailable(f"image {image.name!r} {image.version} is missing or was rebuilt")
-    if full and tree_digest(image.rootfs) != image.digest:
+    if full and tree_digest(image.rootfs, HOST_MOUNT_POINTS) != image.digest:
         raise ImageUnavailable(f"image {image.name!r} {image.version}: digest no longer matches")
 
 
@@ -226,7 +229,7 @@ def _build_into(recipe: Recipe, work: Path) -> Manifest:
     manifest = Manifest(
         name=recipe.name,
         version=recipe.version,
-        digest=tree_digest(rootfs),
+        digest=tree_digest(rootfs, HOST_MOUNT_POINTS),
         built_at=datetime.now(UTC).isoformat(timespec="seconds"),
         recipe=recipe.as_dict(),
         python=recipe.python,
@@ -353,6 +356,7 @@ def _install(work: Path, final: Path) -> None:
         if _read_manifest(final) is None:  # a concurrent build did not win either
             raise
     if old is not None:
+        release_guest_package(old / "rootfs")  # else rmtree would walk into the package
         shutil.rmtree(old, ignore_errors=True)
 
 

@@ -35,7 +35,11 @@ from sandcell.runtime.bundle import (
 )
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
 from sandcell.runtime.fork_watch import ForkWatch
-from sandcell.runtime.guest_mounts import needs_host_sockets, oci_guest_mounts
+from sandcell.runtime.guest_mounts import (
+    ensure_guest_package,
+    needs_host_sockets,
+    oci_guest_mounts,
+)
 from sandcell.runtime.network import BRIDGE_MEMORY_MB, BRIDGE_TASKS
 from sandcell.runtime.one_shot import EXIT_WAIT_S, OneShotRun
 from sandcell.runtime.reap import left_on_host
@@ -113,6 +117,7 @@ class SandboxRun(OneShotRun):
         self.scratch.create(spec.code, spec.inputs, self.limits.disk_mb)
         self.scratch.restore_outputs(spec.restore_outputs, GUEST_UID)  # before the program runs
         config = oci_config(spec, self.scratch)
+        ensure_guest_package(spec.image.rootfs)
         config["mounts"] += oci_guest_mounts(spec)
         require_mount_points(config, spec.image.rootfs)
         write_config(config, self.scratch.bundle)

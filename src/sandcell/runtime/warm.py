@@ -25,7 +25,7 @@ from sandcell.runtime.bundle import oci_config, require_mount_points, write_conf
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.ext4 import ScratchError
 from sandcell.runtime.fork_watch import ForkWatch
-from sandcell.runtime.guest_mounts import oci_guest_mounts
+from sandcell.runtime.guest_mounts import ensure_guest_package, oci_guest_mounts
 from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.hand_over import (
     JOB_SHARES,
@@ -86,6 +86,7 @@ class WarmFactory:
         # The runner is the program itself, without the ready wrapper: its ready line comes at
         # hand-over, so the job's clock (and its output) starts there.
         config["process"]["args"] = spec.argv
+        ensure_guest_package(spec.image.rootfs)
         config["mounts"] += oci_guest_mounts(spec)
         require_mount_points(config, warm.image.rootfs)
         write_config(config, warm.scratch.bundle)
