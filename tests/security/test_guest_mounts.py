@@ -24,11 +24,11 @@ from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.remote.guest_channel import SocketGuestChannels
 from sandcell.runtime.guest_mounts import (
     ensure_guest_package,
-    is_mount_point,
     oci_guest_mounts,
     release_guest_package,
 )
 from sandcell.runtime.images import build_image
+from sandcell.runtime.reap import is_mount_point
 from tests.integration.conftest import IMAGE_DIR, RecordingSink
 from tests.security.conftest import AnyRuntime, assert_released
 

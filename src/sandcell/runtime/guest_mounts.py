@@ -16,8 +16,9 @@ Both mount points are made in the image at build time (a read-only root cannot g
 import ctypes
 import fcntl
 import os
-import re
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import sandcell.guest
 from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.ports.runtime import GUEST_CHANNEL_DIR, SandboxSpec
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR
+from sandcell.runtime.reap import is_mount_point
 from sandcell.runtime.volatile import RUN_ROOT
 
 GUEST_SOURCE = Path(sandcell.guest.__file__).parent
@@ -32,7 +34,6 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MNT_DETACH = 0x20, 0x1000, 0x2
 READ_ONLY = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC  # read by Python, never executed
 LOCK = RUN_ROOT.parent / ".sandcell-guest.lock"
-OCTAL_ESCAPE = re.compile(rb"\\([0-7]{3})")  # how mountinfo writes a space, a tab, a newline
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _bound_lock = threading.Lock()  # flock is per open file: threads of one process queue here
@@ -42,39 +43,35 @@ def ensure_guest_package(rootfs: Path, source: Path = GUEST_SOURCE) -> None:
     """Bind `source` read-only at the image's GUEST_PACKAGE_DIR, on the host, unless it is
     there already: two stat calls, as runtimes call this for every sandbox. A mount there of
     another directory (the package of another install) is detached first; sandboxes running
-    meanwhile keep the view they started with. Other processes wait their turn at a lock, so
-    two never stack a mount each. The image's own files stay as they were built: the bind
-    only covers its empty mount point."""
+    meanwhile keep the view they started with. The image's own files stay as they were built:
+    the bind only covers its empty mount point (and its digest does not count it)."""
     target = rootfs / GUEST_PACKAGE_DIR.lstrip("/")
     if _same_directory(target, source) or not target.is_dir():
         return  # bound; or a broken image, which the sandbox's start reports
-    with _bound_lock, open(LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        while is_mount_point(target) and not _same_directory(target, source):
-            _call(_libc.umount2(os.fsencode(target), MNT_DETACH), f"detach {target}")
+    with _host_mounts():
+        _detach(target, unless=source)
         if not is_mount_point(target):
             _bind_read_only(source, target)
 
 
 def release_guest_package(rootfs: Path) -> None:
     """Detach the package from an image root that is about to be removed."""
-    target = rootfs / GUEST_PACKAGE_DIR.lstrip("/")
+    with _host_mounts():
+        _detach(rootfs / GUEST_PACKAGE_DIR.lstrip("/"))
+
+
+@contextmanager
+def _host_mounts() -> Iterator[None]:
+    """One at a time, across threads and processes: two never stack a mount each."""
     with _bound_lock, open(LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        while is_mount_point(target):
-            _call(_libc.umount2(os.fsencode(target), MNT_DETACH), f"detach {target}")
+        yield
 
 
-def is_mount_point(path: Path) -> bool:
-    """Whether something is mounted at `path`. os.path.ismount cannot tell a bind mount from a
-    directory of the same filesystem: mountinfo can (its fifth field, octal-escaped)."""
-    wanted = os.fsencode(os.path.realpath(path))
-    with open("/proc/self/mountinfo", "rb") as mountinfo:
-        for line in mountinfo:
-            point = OCTAL_ESCAPE.sub(lambda m: bytes([int(m[1], 8)]), line.split(b" ", 5)[4])
-            if point == wanted:
-                return True
-    return False
+def _detach(target: Path, unless: Path | None = None) -> None:
+    """Detach what is mounted at `target` (stacked mounts too), unless it is `unless`."""
+    while is_mount_point(target) and not (unless and _same_directory(target, unless)):
+        _call(_libc.umount2(os.fsencode(target), MNT_DETACH), f"detach {target}")
 
 
 def _bind_read_only(source: Path, target: Path) -> None:

@@ -55,13 +55,20 @@ def reap_scratch(sandboxes_dir: Path, disks_dir: Path) -> list[str]:
 
 def mounts_under(prefix: str) -> list[str]:
     """Mount points below `prefix`, deepest first (so they unmount in order)."""
-    points = []
-    with open("/proc/self/mountinfo") as mountinfo:
-        for line in mountinfo:
-            point = _unescape(line.split()[4])
-            if point.startswith(prefix):
-                points.append(point)
+    points = [point for point in mount_points() if point.startswith(prefix)]
     return sorted(points, key=len, reverse=True)
+
+
+def is_mount_point(path: Path) -> bool:
+    """Whether something is mounted at `path`. os.path.ismount cannot tell a bind mount from a
+    directory of the same filesystem; mountinfo can."""
+    return os.path.realpath(path) in mount_points()
+
+
+def mount_points() -> list[str]:
+    """Every mount point of this process's mount namespace (mountinfo's fifth field)."""
+    with open("/proc/self/mountinfo") as mountinfo:
+        return [_unescape(line.split()[4]) for line in mountinfo]
 
 
 def _unescape(field: str) -> str:

@@ -353,16 +353,14 @@ class Worker:
         lost = sink.abandoned  # the lease is gone: nothing of this attempt may be written
         with self._lock:
             self._cancels[job.id] = cancel
-        stop_beat = self.leases.hold(job, token, cancel, lost)
-        early = EarlyEnd(
-            lambda result: self._end_early(job, token, sink, result, stop_beat, recorder)
-        )
+        let_go = self.leases.hold(job, token, cancel, lost)
+        early = EarlyEnd(lambda result: self._end_early(job, token, sink, result, let_go, recorder))
         if spec.egress is None:  # else the proxy's events, known after the run, go in the record
             sink.on_ended = early
         try:
             result = self._run_sandbox(spec, sink, cancel)
         finally:
-            stop_beat()
+            let_go()
             with self._lock:
                 self._cancels.pop(job.id, None)
         if early.error is not None:
@@ -390,12 +388,12 @@ class Worker:
         token: int,
         sink: JobSink,
         result: SandboxResult,
-        stop_beat: Callable[[], None],
+        let_go: Callable[[], None],
         recorder: StageRecorder,
     ) -> bool:
         """Settle the job on its program's result while the sandbox is still being released;
         False if the attempt cannot be settled (its lease or the store was lost)."""
-        stop_beat()  # the job ends now: its lease is not renewed, nor a cancel relayed
+        let_go()  # the job ends now: its lease is not renewed, nor a cancel relayed
         if sink.abandoned.is_set() or sink.store_lost.is_set():
             return False  # _supervised gives the attempt up once the release is done
         sink.settle()
