@@ -16,6 +16,7 @@ from typing import BinaryIO
 
 import pytest
 
+from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
@@ -247,3 +248,19 @@ def test_a_root_about_to_be_removed_lets_go_of_the_package(image_root: Path) -> 
 def test_a_broken_image_without_the_mount_point_is_left_to_the_start(tmp_path: Path) -> None:
     ensure_guest_package(tmp_path / "no-such-root")  # the sandbox's start reports it
     assert not (tmp_path / "no-such-root").exists()
+
+
+def test_a_mount_point_that_leads_out_of_the_image_root_is_refused(tmp_path: Path) -> None:
+    """A symlink in an image (opt/sandcell -> a host directory) must never get the host's
+    directory covered, nor a mount there detached."""
+    host_dir = tmp_path / "host-dir"
+    host_dir.mkdir()
+    (host_dir / "keep.txt").write_text("host")
+    rootfs = tmp_path / "image root"
+    (rootfs / "opt").mkdir(parents=True)
+    (rootfs / GUEST_PACKAGE_DIR.lstrip("/")).symlink_to(host_dir)
+    with pytest.raises(RuntimeUnavailable, match="leads out of the image root"):
+        ensure_guest_package(rootfs)
+    with pytest.raises(RuntimeUnavailable, match="leads out of the image root"):
+        release_guest_package(rootfs)
+    assert not is_mount_point(host_dir) and (host_dir / "keep.txt").read_text() == "host"

@@ -45,9 +45,11 @@ def ensure_guest_package(rootfs: Path, source: Path = GUEST_SOURCE) -> None:
     another directory (the package of another install) is detached first; sandboxes running
     meanwhile keep the view they started with. The image's own files stay as they were built:
     the bind only covers its empty mount point (and its digest does not count it)."""
-    target = rootfs / GUEST_PACKAGE_DIR.lstrip("/")
-    if _same_directory(target, source) or not target.is_dir():
-        return  # bound; or a broken image, which the sandbox's start reports
+    if _same_directory(rootfs / GUEST_PACKAGE_DIR.lstrip("/"), source):
+        return
+    target = _mount_point(rootfs)
+    if target is None:
+        return  # a broken image: the sandbox's start reports it
     with _host_mounts():
         _detach(target, unless=source)
         if not is_mount_point(target):
@@ -56,8 +58,23 @@ def ensure_guest_package(rootfs: Path, source: Path = GUEST_SOURCE) -> None:
 
 def release_guest_package(rootfs: Path) -> None:
     """Detach the package from an image root that is about to be removed."""
-    with _host_mounts():
-        _detach(rootfs / GUEST_PACKAGE_DIR.lstrip("/"))
+    target = _mount_point(rootfs)
+    if target is not None:
+        with _host_mounts():
+            _detach(target)
+
+
+def _mount_point(rootfs: Path) -> Path | None:
+    """The image root's mount point for the package; None if it has none. Never a path that
+    leads out of the root (a symlink in the image): a mount there would cover the host's."""
+    target = rootfs / GUEST_PACKAGE_DIR.lstrip("/")
+    if not target.is_dir():
+        return None
+    if os.path.realpath(target) != os.path.join(
+        os.path.realpath(rootfs), target.relative_to(rootfs)
+    ):
+        raise RuntimeUnavailable(f"{target} leads out of the image root: the image is broken")
+    return target
 
 
 @contextmanager

@@ -26,7 +26,7 @@ EXIT_WAIT_S = 5.0
 # the job starts and runs, and on a busy host (16 jobs on 2 cores) that is seconds: polled every
 # 20 ms, the watch's CPU grew with the load.
 TICK_S = 0.1
-# While the sandbox boots, how often the watch reads its cgroup's counters (see _cgroup_due).
+# While the sandbox boots, how often the watch reads its cgroup's counters (_cgroup_limit).
 BOOT_LOOK_S = 1.0
 
 
