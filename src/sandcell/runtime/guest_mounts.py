@@ -14,11 +14,7 @@ Both mount points are made in the image at build time (a read-only root cannot g
 """
 
 import ctypes
-import fcntl
 import os
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,16 +23,14 @@ from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.ports.runtime import GUEST_CHANNEL_DIR, SandboxSpec
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR
 from sandcell.runtime.reap import is_mount_point
-from sandcell.runtime.volatile import RUN_ROOT
+from sandcell.runtime.volatile import host_mount_lock
 
 GUEST_SOURCE = Path(sandcell.guest.__file__).parent
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
 MS_REMOUNT, MS_BIND, MNT_DETACH = 0x20, 0x1000, 0x2
 READ_ONLY = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC  # read by Python, never executed
-LOCK = RUN_ROOT.parent / ".sandcell-guest.lock"
 
 _libc = ctypes.CDLL(None, use_errno=True)
-_bound_lock = threading.Lock()  # flock is per open file: threads of one process queue here
 
 
 def ensure_guest_package(rootfs: Path, source: Path = GUEST_SOURCE) -> None:
@@ -50,7 +44,7 @@ def ensure_guest_package(rootfs: Path, source: Path = GUEST_SOURCE) -> None:
     target = _mount_point(rootfs)
     if target is None:
         return  # a broken image: the sandbox's start reports it
-    with _host_mounts():
+    with host_mount_lock():
         _detach(target, unless=source)
         if not is_mount_point(target):
             _bind_read_only(source, target)
@@ -60,7 +54,7 @@ def release_guest_package(rootfs: Path) -> None:
     """Detach the package from an image root that is about to be removed."""
     target = _mount_point(rootfs)
     if target is not None:
-        with _host_mounts():
+        with host_mount_lock():
             _detach(target)
 
 
@@ -75,14 +69,6 @@ def _mount_point(rootfs: Path) -> Path | None:
     ):
         raise RuntimeUnavailable(f"{target} leads out of the image root: the image is broken")
     return target
-
-
-@contextmanager
-def _host_mounts() -> Iterator[None]:
-    """One at a time, across threads and processes: two never stack a mount each."""
-    with _bound_lock, open(LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
 
 
 def _detach(target: Path, unless: Path | None = None) -> None:

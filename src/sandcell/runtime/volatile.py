@@ -19,11 +19,14 @@ import ctypes
 import fcntl
 import hashlib
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from sandcell.domain.errors import RuntimeUnavailable
 
 RUN_ROOT = Path("/run/sandcell")
+HOST_MOUNT_LOCK = RUN_ROOT.parent / f".{RUN_ROOT.name}.lock"
 # Small files only (the big ones stay on disk): the bound is a backstop, not a budget.
 TMPFS_OPTIONS = b"mode=0711,size=1g"
 MS_NOSUID, MS_NODEV = 0x2, 0x4
@@ -48,9 +51,7 @@ def ensure_tmpfs(root: Path = RUN_ROOT) -> None:
     runtimes call this before every sandbox."""
     if root in _mounted:
         return
-    root.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-    with open(root.parent / f".{root.name}.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with host_mount_lock(root.parent / f".{root.name}.lock"):
         if not os.path.ismount(root):
             root.mkdir(mode=0o711, exist_ok=True)
             flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV)
@@ -58,6 +59,17 @@ def ensure_tmpfs(root: Path = RUN_ROOT) -> None:
                 reason = os.strerror(ctypes.get_errno())
                 raise RuntimeUnavailable(f"cannot mount a tmpfs at {root}: {reason}")
     _mounted.add(root)
+
+
+@contextmanager
+def host_mount_lock(path: Path = HOST_MOUNT_LOCK) -> Iterator[None]:
+    """One at a time, for a host mount sandcell makes or removes: two never stack a mount
+    each. The lock is a file's flock, taken through an open of its own, so it holds between
+    threads of one process as between processes."""
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 def remove_if_empty(*paths: Path) -> None:
