@@ -5,6 +5,7 @@ import hashlib
 import io
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -147,24 +148,32 @@ def test_a_blob_stored_again_since_is_not_deleted_as_unused(tmp_path: Path) -> N
     assert not blobs.exists(sha256)
 
 
-@pytest.mark.parametrize("nth", [1, 2], ids=["before-the-sandbox", "at-output-collection"])
+@pytest.mark.parametrize(
+    "outage_from",
+    ["get_file", "job_stages"],  # the input's read; the stages' read, at output collection
+    ids=["before-the-sandbox", "at-output-collection"],
+)
 def test_an_outage_longer_than_the_lease_leaves_the_job_to_its_lease(
-    api: Api, caplog: pytest.LogCaptureFixture, nth: int
+    api: Api, caplog: pytest.LogCaptureFixture, outage_from: str
 ) -> None:
     """Not runtime_error nor internal: the store, not the sandbox or the worker, failed, so
     the attempt is lost and the job runs again. (It used to end failed/runtime_error, or
     before the sandbox to escape the worker's guard with a crash trace.)"""
     alice = api.tenant("alice")
-    body = {"code": "open('/output/a.txt','w').write('a')", "retry": {"max_attempts": 2}}
+    upload = api.http.post("/v1/files", files={"file": ("in.txt", b"x")}, headers=alice).json()
+    body = {
+        "code": "open('/output/a.txt','w').write('a')",
+        "inputs": [{"file_id": upload["id"], "path": "in.txt"}],
+        "retry": {"max_attempts": 2},
+    }
     job_id = api.http.post("/v1/jobs", json=body, headers=alice).json()["id"]
-    # job_stages: read first to build the sandbox's spec, then when its outputs are collected
-    store = StoreOutage(api.services.store, from_call="job_stages", nth=nth)
+    store = StoreOutage(api.services.store, from_call=outage_from)
     config = WorkerConfig("wrk_out", slots=1, lease_s=0.5, heartbeat_s=0.1, poll_s=0.01)
     worker = Worker(store, api.blobs, HostProcessRuntime(), FakeImages("python"), config)  # type: ignore[arg-type]
     job = store.claim_next("wrk_out", time.time(), config.lease_s)
     assert job is not None
     worker._run_guarded(job)  # returns: no exception escapes the guard
-    assert "job_stages" in store.refused and store.refused.isdisjoint({"finish_job", "fail_job"})
+    assert outage_from in store.refused and store.refused.isdisjoint({"finish_job", "fail_job"})
     assert "the store was unreachable" in caplog.text
     assert "internal error" not in caplog.text
     left = api.services.store.get_job(None, job_id)
@@ -177,3 +186,36 @@ def test_an_outage_longer_than_the_lease_leaves_the_job_to_its_lease(
     assert record["state"] == "completed", record
     assert [a["reason"] for a in record["attempts"]] == ["worker_lost", None]
     assert [o["path"] for o in record["outputs"]] == ["a.txt"]
+
+
+class CountingStore:
+    """The store, counting the calls made to it by name."""
+
+    def __init__(self, store: Store) -> None:
+        self.store, self.calls = store, Counter[str]()
+
+    def __getattr__(self, name: str) -> Any:
+        self.calls[name] += 1
+        return getattr(self.store, name)
+
+
+def test_only_a_job_claimed_again_reads_the_stages_of_its_earlier_attempts(api: Api) -> None:
+    alice = api.tenant("alice")
+    body = {"code": "print(1)", "retry": {"max_attempts": 2}}
+    store = CountingStore(api.services.store)
+    config = WorkerConfig("wrk_test", slots=1, lease_s=5, heartbeat_s=0.1, poll_s=0.01)
+    worker = Worker(store, api.blobs, HostProcessRuntime(), FakeImages("python"), config)  # type: ignore[arg-type]
+    for _ in range(2):
+        api.http.post("/v1/jobs", json=body, headers=alice)
+    first = api.services.store.claim_next("wrk_test", time.time(), 5)
+    assert first is not None
+    worker.run_job(first)
+    assert store.calls["job_stages"] == 0  # a first claim: no earlier attempt to restore from
+    lost = api.services.store.claim_next("wrk_gone", time.time(), 5)
+    assert lost is not None and api.services.store.fail_lost_jobs(time.time() + 60) == [lost.id]
+    again = api.services.store.claim_next("wrk_test", time.time(), 5)
+    assert again is not None and again.id == lost.id
+    worker.run_job(again)
+    assert store.calls["job_stages"] == 1  # its earlier attempt may have committed stages
+    record = api.http.get(f"/v1/jobs/{again.id}", headers=alice).json()
+    assert record["state"] == "completed" and len(record["attempts"]) == 2

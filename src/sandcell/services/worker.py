@@ -320,7 +320,7 @@ class Worker:
 
     def _spec(self, job: Job, token: int, image: Image) -> SandboxSpec:
         """The sandbox of this attempt; CorruptArtifact if a committed stage cannot come back."""
-        stages = [stage["name"] for stage in self._patiently(lambda: self.store.job_stages(job.id))]
+        stages = self._earlier_stages(job)
         return SandboxSpec(
             sandbox_id=f"{job.id}-{token}",
             image=image,
@@ -331,6 +331,13 @@ class Worker:
             inputs=self._patiently(lambda: self._inputs(job)),
             restore_outputs=self._restored(job) if stages else [],
         )
+
+    def _earlier_stages(self, job: Job) -> list[str]:
+        """The stages committed by earlier attempts. A first claim (token 1; a hand-back or a
+        retry raises the token too) has none, and is spared the read."""
+        if job.fencing_token <= 1:
+            return []
+        return [stage["name"] for stage in self._patiently(lambda: self.store.job_stages(job.id))]
 
     def _supervised(
         self, job: Job, token: int, spec: SandboxSpec, recorder: StageRecorder
