@@ -102,6 +102,7 @@ _CLAIM = (
         lease_expires_at=bindparam("expires"),
         fencing_token=jobs.c.fencing_token + 1,
     )
+    .returning(*jobs.c)  # the claimed job itself: no read after the write
 )
 _JOB = select(jobs).where(jobs.c.id == bindparam("job"))
 _JOB_OF_TENANT = _JOB.where(jobs.c.tenant_id == bindparam("tenant"))
@@ -628,10 +629,8 @@ class SqlStore:
             if job_id is None:
                 return None
             claimed = {"job": job_id, "worker": worker_id, "now": now, "expires": now + lease_s}
-            if conn.execute(_CLAIM, claimed).rowcount != 1:
-                return None
-            row = conn.execute(_JOB, {"job": job_id}).one()
-        return _job_from_row(row)
+            row = conn.execute(_CLAIM, claimed).first()
+        return None if row is None else _job_from_row(row)
 
     def expire_unstarted(self, now: float) -> list[str]:
         due = and_(
