@@ -359,6 +359,14 @@ def test_outputs_of_a_page_of_jobs_match_each_jobs_own_reads(store: SqlStore) ->
         assert found[job_id] == (store.list_artifacts(job_id), store.job_stages(job_id))
     assert [a.path for a in found[made.id][0]] == ["a.csv", "b.png"]
     assert [s["name"] for s in found[staged.id][1]] == ["clean"] and found[idle.id] == ([], [])
+    for job_id in ids:  # one job's record, read together, as a tenant and as the service
+        for reader in (tenant.id, None):
+            job = store.get_job(reader, job_id)
+            assert job is not None
+            assert store.job_with_outputs(reader, job_id) == (job, *found[job_id])
+    other = _tenant(store, "other")
+    assert store.job_with_outputs(other.id, made.id) is None
+    assert store.job_with_outputs(tenant.id, "job_nope") is None
 
 
 def test_stored_bytes_follow_files_and_artifacts_in_and_out(store: SqlStore) -> None:

@@ -192,13 +192,14 @@ async def _await_end(svc: Svc, who: Caller, job: Job, end: JobEnd, wait: float) 
 
 
 def _read_out(svc: Svc, who: Caller, job_id: str) -> tuple[Job, JobOut | None]:
-    """The job, and its rendering once it is terminal."""
-    job = svc.jobs.get(who, job_id)
-    return job, _job_out(svc, job) if job.state.is_terminal else None
+    """The job, and its rendering once it is terminal: one read for both (woken by its end,
+    the job nearly always is)."""
+    job, outputs, stages = svc.jobs.get_with_outputs(who, job_id)
+    return job, job_out(job, outputs, stages) if job.state.is_terminal else None
 
 
 def _get_out(svc: Svc, who: Caller, job_id: str) -> JobOut:
-    return _job_out(svc, svc.jobs.get(who, job_id))
+    return job_out(*svc.jobs.get_with_outputs(who, job_id))
 
 
 @router.get(

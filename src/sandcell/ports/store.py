@@ -154,6 +154,11 @@ class Store(Protocol):
         """Each job's artifacts and stages, as list_artifacts and job_stages give them, read
         together for a page of jobs."""
 
+    def job_with_outputs(
+        self, tenant_id: str | None, job_id: str
+    ) -> tuple[Job, list[Artifact], list[dict[str, Any]]] | None:
+        """get_job and outputs_of in one read: a job's record as the API shows it."""
+
     def once_keys(self, job_id: str) -> list[str]: ...
 
     # sessions

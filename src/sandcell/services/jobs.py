@@ -16,7 +16,7 @@ from sandcell.domain.errors import (
 from sandcell.domain.ids import new_id
 from sandcell.domain.limits import Limits
 from sandcell.domain.quotas import Admission, Quotas
-from sandcell.domain.records import InputRef, Job, JobSpec, LogChunk, Tenant
+from sandcell.domain.records import Artifact, InputRef, Job, JobSpec, LogChunk, Tenant
 from sandcell.domain.states import JobState
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.images import ImageCatalog
@@ -156,6 +156,15 @@ class JobService:
         if job is None:
             raise NotFound("no such job")
         return job
+
+    def get_with_outputs(
+        self, who: Principal, job_id: str
+    ) -> tuple[Job, list[Artifact], list[dict[str, Any]]]:
+        """The job with its outputs and stages, read together."""
+        found = self.store.job_with_outputs(who.tenant(), job_id)
+        if found is None:
+            raise NotFound("no such job")
+        return found
 
     def list_jobs(
         self, who: Principal, state: JobState | None, cursor: str | None, limit: int

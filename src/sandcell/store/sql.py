@@ -276,6 +276,19 @@ _STAGES_OF = (
 )
 
 
+def _outputs_of(
+    conn: Connection, job_ids: list[str]
+) -> dict[str, tuple[list[Artifact], list[dict[str, Any]]]]:
+    found: dict[str, tuple[list[Artifact], list[dict[str, Any]]]] = {
+        job_id: ([], []) for job_id in job_ids
+    }
+    for row in conn.execute(_ARTIFACTS_OF, {"jobs": job_ids}):
+        found[row.job_id][0].append(_artifact_from_row(row))
+    for row in conn.execute(_STAGES_OF, {"jobs": job_ids}):
+        found[row.job_id][1].append(_stage_from_row(row))
+    return found
+
+
 def _stage_from_row(row: Any) -> dict[str, Any]:
     return {
         "name": row.name,
@@ -982,17 +995,21 @@ class SqlStore:
     def outputs_of(
         self, job_ids: list[str]
     ) -> dict[str, tuple[list[Artifact], list[dict[str, Any]]]]:
-        found: dict[str, tuple[list[Artifact], list[dict[str, Any]]]] = {
-            job_id: ([], []) for job_id in job_ids
-        }
         if not job_ids:
-            return found
+            return {}
         with self._read() as conn:
-            for row in conn.execute(_ARTIFACTS_OF, {"jobs": job_ids}):
-                found[row.job_id][0].append(_artifact_from_row(row))
-            for row in conn.execute(_STAGES_OF, {"jobs": job_ids}):
-                found[row.job_id][1].append(_stage_from_row(row))
-        return found
+            return _outputs_of(conn, job_ids)
+
+    def job_with_outputs(
+        self, tenant_id: str | None, job_id: str
+    ) -> tuple[Job, list[Artifact], list[dict[str, Any]]] | None:
+        query = _JOB if tenant_id is None else _JOB_OF_TENANT
+        with self._read() as conn:
+            row = conn.execute(query, {"job": job_id, "tenant": tenant_id}).first()
+            if row is None:
+                return None
+            outputs, stages = _outputs_of(conn, [job_id])[job_id]
+        return _job_from_row(row), outputs, stages
 
     def once_keys(self, job_id: str) -> list[str]:
         query = select(job_once.c.key).where(job_once.c.job_id == job_id)
