@@ -17,6 +17,7 @@ from sandcell.domain.limits import Limits
 from sandcell.domain.records import WorkerInfo
 from sandcell.egress.validation import EgressValidator
 from sandcell.services.auth import AuthService
+from sandcell.services.direct_cells import DirectTokens
 from sandcell.services.files import FileService
 from sandcell.services.jobs import JobPolicy, JobService
 from sandcell.services.secrets import SecretService
@@ -28,6 +29,7 @@ from sandcell.vault.fernet import FernetCipher
 from tests.fakes import FakeImages, FakeSessionRuntime, InProcessHosts
 
 ADMIN_KEY = "test-admin-key-0123456789"
+INTERNAL_TOKEN = "test-internal-token-0123456789"  # what API and worker share
 
 
 @dataclass
@@ -81,6 +83,7 @@ def build_api(tmp_path: Path, store: SqlStore | None = None) -> Iterator[Api]:
         policy,
         SessionPolicy(default_image="python", idle_timeout_s=60),
         b"p" * 32,
+        DirectTokens(INTERNAL_TOKEN),
     )
     services = Services(
         store=store,

@@ -10,6 +10,7 @@ from sqlalchemy import create_engine
 
 from sandcell.api.app import create_app
 from sandcell.api.deps import Services
+from sandcell.api.direct import create_direct_app
 from sandcell.api.internal import create_internal_app
 from sandcell.artifacts.filesystem import FilesystemBlobStore
 from sandcell.domain.errors import ImageUnavailable, RuntimeUnavailable
@@ -24,6 +25,7 @@ from sandcell.remote.session_client import HttpSessionHosts
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.runtime.session import GVisorSessionRuntime
 from sandcell.services.auth import AuthService
+from sandcell.services.direct_cells import DirectCells, DirectTokens
 from sandcell.services.files import FileService
 from sandcell.services.jobs import JobPolicy, JobService
 from sandcell.services.secrets import SecretService
@@ -121,6 +123,7 @@ def build_services(settings: Settings) -> Services:
         policy,
         SessionPolicy(),
         signing_key(settings),
+        DirectTokens(internal_token(settings)),
     )
     return Services(
         store=store,
@@ -298,6 +301,10 @@ def _can_host_kernels(images: FilesystemImageCatalog, name: str) -> bool:
 
 
 def build_internal_app(settings: Settings, worker: Worker) -> FastAPI:
-    """The worker's internal endpoint, through which API replicas drive its sessions."""
+    """The worker's internal endpoint, through which API replicas drive its sessions; and at
+    /direct, the sessions' cells sent straight to it with a token the API minted."""
     assert isinstance(worker.sessions, LocalSessionHost)
-    return create_internal_app(worker.sessions, worker.store, internal_token(settings))
+    token = internal_token(settings)
+    cells = DirectCells(worker.sessions, worker.store, DirectTokens(token))
+    direct = create_direct_app(cells, settings.max_body_bytes, settings.max_json_depth)
+    return create_internal_app(worker.sessions, worker.store, token, direct)

@@ -267,6 +267,42 @@ def test_preview_url_reaches_a_server_in_the_session_only_with_its_token(server:
         http.delete(f"/v1/sessions/{sid}")
 
 
+def test_cells_sent_straight_to_the_worker_share_the_kernel_and_need_the_sessions_token(
+    server: Server,
+) -> None:
+    """One HTTP hop: the client posts the cell to the worker's URL with a token for that
+    session only; the kernel, the history and the lifecycle are the API's."""
+    with _client(server, "ses-direct") as http, _client(server, "ses-direct-b") as other:
+        sid = http.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+        theirs = other.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+        _execute(http, sid, "x = 41")
+        access = http.post(f"/v1/sessions/{sid}/direct").json()
+        assert access["execute_url"].endswith(f"/direct/sessions/{sid}/execute")
+        assert not access["execute_url"].startswith(server.url)  # the worker's own server
+        bearer = {"Authorization": f"Bearer {access['token']}"}
+        with httpx.Client(headers=bearer, timeout=60) as direct:
+            answer = direct.post(access["execute_url"], json={"code": "x + 1"})
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["result"] == "42"
+            history = http.get(f"/v1/sessions/{sid}/cells").json()["items"]
+            assert [cell["code"] for cell in history] == ["x = 41", "x + 1"]
+            # The token opens this session's cells only: not another tenant's session.
+            stolen = access["execute_url"].replace(sid, theirs)
+            assert direct.post(stolen, json={"code": "1"}).status_code == 401
+            assert httpx.post(access["execute_url"], json={"code": "1"}).status_code == 401
+            paused = http.post(f"/v1/sessions/{sid}/pause").json()
+            assert paused["state"] == "paused"
+            assert direct.post(access["execute_url"], json={"code": "x"}).status_code == 409
+            http.post(f"/v1/sessions/{sid}/resume").raise_for_status()
+            again = direct.post(access["execute_url"], json={"code": "x + 2"})
+            assert again.status_code == 200 and again.json()["result"] == "43", again.text
+            sandbox_id = _sandbox_of(http, sid)
+            http.delete(f"/v1/sessions/{sid}").raise_for_status()
+            assert direct.post(access["execute_url"], json={"code": "x"}).status_code == 409
+        assert host_processes_mentioning(sandbox_id) == []
+        other.delete(f"/v1/sessions/{theirs}")
+
+
 def test_an_idle_session_is_stopped_and_its_sandbox_released(server: Server) -> None:
     with _client(server, "ses-idle") as http:
         sid = http.post("/v1/sessions", json={"image": "python-data", "idle_timeout_s": 1}).json()[

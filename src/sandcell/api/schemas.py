@@ -432,6 +432,15 @@ class PreviewUrlOut(BaseModel):
     expires_at: str
 
 
+class DirectOut(BaseModel):
+    execute_url: str = Field(
+        description="POST a cell here (as to /execute) with `Authorization: Bearer <token>`:"
+        " it goes straight to the worker holding the session, one HTTP hop instead of two"
+    )
+    token: str = Field(description="opens this session's cells only, until it expires")
+    expires_at: str
+
+
 class FieldProblem(BaseModel):
     field: str = Field(description="the offending field, dotted (`limits.memory_mb`)")
     message: str

@@ -11,6 +11,7 @@ from fastapi.responses import StreamingResponse
 from sandcell.api.deps import Caller, Svc
 from sandcell.api.problems import problem_responses
 from sandcell.api.schemas import (
+    DirectOut,
     ExecuteIn,
     ExecuteOut,
     FileEntry,
@@ -247,6 +248,15 @@ def preview_url(
 ) -> PreviewUrlOut:
     token, expires = svc.sessions.preview_token(who, session_id, port)
     return PreviewUrlOut(url=f"/v1/previews/{token}/", expires_at=iso(expires) or "")
+
+
+@router.post("/sessions/{session_id}/direct", response_model=DirectOut, responses=SESSION_PROBLEMS)
+def direct_access(svc: Svc, who: Caller, session_id: str) -> DirectOut:
+    """Direct access to this session's cells: its worker's URL and a token for them."""
+    access = svc.sessions.direct(who, session_id)
+    return DirectOut(
+        execute_url=access.url, token=access.token, expires_at=iso(access.expires_at) or ""
+    )
 
 
 @router.api_route(

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandcell.domain.cells import CELL_CHARS, KEEP_CELLS, SessionCell, failed_outcome, recorded_cell
+from sandcell.domain.cells import CELL_CHARS, KEEP_CELLS, SessionCell, failed_outcome
 from sandcell.domain.errors import (
     Conflict,
     FieldError,
@@ -28,6 +28,7 @@ from sandcell.ports.sessions import CellResult
 from sandcell.ports.store import Store
 from sandcell.services.audit import AuditLog
 from sandcell.services.auth import Principal
+from sandcell.services.direct_cells import DIRECT_TTL_S, DirectAccess, DirectTokens, record_cell
 from sandcell.services.jobs import JobPolicy
 from sandcell.services.validation import RequestValidator
 
@@ -66,9 +67,11 @@ class SessionService:
         jobs: JobPolicy,
         policy: SessionPolicy,
         signing_key: bytes,
+        direct_tokens: DirectTokens,
     ) -> None:
         self.store, self.hosts, self.check = store, hosts, check
         self.jobs, self.policy, self.signing_key = jobs, policy, signing_key
+        self.direct_tokens = direct_tokens
         self.audit = AuditLog(store)
 
     # lifecycle
@@ -188,19 +191,17 @@ class SessionService:
             raise
 
     def _record(self, session: Session, code: str, outcome: dict[str, Any], started: float) -> None:
-        cell = recorded_cell(
-            session.id,
-            session.tenant_id,
-            code,
-            outcome,
-            started,
-            time.time(),
-            self.policy.history_cell_chars,
-        )
-        try:
-            self.store.add_session_cell(cell, self.policy.history_cells)
-        except Exception:  # the cell ran: its answer must not be lost for its history
-            log.exception("the cell of session %s was not recorded in its history", session.id)
+        limits = self.policy.history_cells, self.policy.history_cell_chars
+        record_cell(self.store, session.id, session.tenant_id, code, outcome, started, limits)
+
+    def direct(self, who: Principal, session_id: str) -> DirectAccess:
+        """Where and with what token to send this session's cells straight to its worker."""
+        who.require("sessions")
+        session = self._running(who, session_id)
+        worker = self._worker_of(session)
+        expires = int(time.time() + DIRECT_TTL_S)
+        token = self.direct_tokens.mint(session.id, session.tenant_id, expires)
+        return DirectAccess(f"{worker.url}/direct/sessions/{session.id}/execute", token, expires)
 
     def cells(
         self, who: Principal, session_id: str, after: int | None, limit: int
@@ -271,11 +272,14 @@ class SessionService:
         return session
 
     def _host_of(self, session: Session) -> SessionHost:
+        return self.hosts.host(self._worker_of(session))
+
+    def _worker_of(self, session: Session) -> WorkerInfo:
         since = time.time() - LIVE_WORKER_S
         worker = self.store.live_worker(session.worker_id, since) if session.worker_id else None
         if worker is None or not worker.url:
             raise Conflict("the worker holding this session is gone")
-        return self.hosts.host(worker)
+        return worker
 
     def _live_workers(self) -> list[WorkerInfo]:
         return [w for w in self.store.live_workers(time.time() - LIVE_WORKER_S) if w.url]

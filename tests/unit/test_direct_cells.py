@@ -1,0 +1,119 @@
+"""Direct cells: a token from the API opens one session's cells on its worker, nothing else."""
+
+import time
+from datetime import datetime
+
+import pytest
+from fastapi.testclient import TestClient
+
+from sandcell.api.direct import create_direct_app
+from sandcell.api.internal import TOKEN_HEADER, create_internal_app
+from sandcell.domain.errors import Unauthorized
+from sandcell.services.direct_cells import DIRECT_TTL_S, DirectCells, DirectTokens
+from tests.conftest import INTERNAL_TOKEN, Api
+
+TOKENS = DirectTokens(INTERNAL_TOKEN)
+
+
+def test_a_token_names_its_session_and_tenant_until_it_expires() -> None:
+    expires = int(time.time()) + 60
+    token = TOKENS.mint("ses_a", "ten_a", expires)
+    assert TOKENS.tenant_of(token, "ses_a", time.time()) == "ten_a"
+    refused = [
+        (token, "ses_b", time.time()),  # another session
+        (token, "ses_a", expires + 1),  # expired
+        (token.replace("ten_a", "ten_b"), "ses_a", time.time()),  # another tenant's claim
+        (token[:-2] + ("AA" if token[-2:] != "AA" else "BB"), "ses_a", time.time()),
+        (DirectTokens("another-deployment").mint("ses_a", "ten_a", expires), "ses_a", 0),
+        (TOKENS.mint("ses_a", "ten_a", expires) + ".x", "ses_a", 0),
+        ("ses_a.ten_a.soon.sig", "ses_a", 0),
+        ("", "ses_a", 0),
+    ]
+    for given, session_id, now in refused:
+        with pytest.raises(Unauthorized):
+            TOKENS.tenant_of(given, session_id, now)
+
+
+def test_a_direct_token_is_not_the_internal_token_nor_opens_the_internal_routes(
+    api: Api,
+) -> None:
+    alice = api.tenant("alice")
+    sid = api.http.post("/v1/sessions", json={}, headers=alice).json()["id"]
+    access = api.http.post(f"/v1/sessions/{sid}/direct", headers=alice).json()
+    worker = _worker_app(api)
+    for headers in (
+        {TOKEN_HEADER: access["token"]},
+        {"Authorization": f"Bearer {access['token']}"},
+    ):
+        answer = worker.post(
+            f"/internal/sessions/{sid}/execute", json={"code": "1"}, headers=headers
+        )
+        assert answer.status_code == 401, answer.text
+
+
+def test_cells_sent_straight_to_the_worker_run_in_the_session_and_join_its_history(
+    api: Api,
+) -> None:
+    alice = api.tenant("alice")
+    sid = api.http.post("/v1/sessions", json={}, headers=alice).json()["id"]
+    api.http.post(f"/v1/sessions/{sid}/execute", json={"code": "x = 41"}, headers=alice)
+    answer = api.http.post(f"/v1/sessions/{sid}/direct", headers=alice)
+    assert answer.status_code == 200, answer.text
+    access = answer.json()
+    # The worker's URL as it registered it ("inproc" here), and the path of this session's cells.
+    assert access["execute_url"] == f"inproc/direct/sessions/{sid}/execute"
+    left = _seconds_until(access["expires_at"])
+    assert DIRECT_TTL_S - 5 < left <= DIRECT_TTL_S
+    worker, bearer = _worker_app(api), {"Authorization": f"Bearer {access['token']}"}
+    cell = worker.post(
+        f"/direct/sessions/{sid}/execute", json={"code": "print(x + 1)"}, headers=bearer
+    )
+    assert cell.status_code == 200, cell.text
+    assert cell.json()["stdout"] == "42\n"  # the same kernel as the API's cells
+    history = api.http.get(f"/v1/sessions/{sid}/cells", headers=alice).json()["items"]
+    assert [c["code"] for c in history] == ["x = 41", "print(x + 1)"]
+    assert history[-1]["stdout"] == "42\n"
+    record = api.http.get(f"/v1/sessions/{sid}", headers=alice).json()
+    assert record["executions"] == 2
+
+
+def test_direct_cells_refuse_a_missing_wrong_or_stale_token_and_hostile_bodies(api: Api) -> None:
+    alice, bob = api.tenant("alice"), api.tenant("bob")
+    mine = api.http.post("/v1/sessions", json={}, headers=alice).json()["id"]
+    other = api.http.post("/v1/sessions", json={}, headers=alice).json()["id"]
+    assert api.http.post(f"/v1/sessions/{mine}/direct", headers=bob).status_code == 404
+    token = api.http.post(f"/v1/sessions/{other}/direct", headers=alice).json()["token"]
+    worker, url = _worker_app(api), f"/direct/sessions/{mine}/execute"
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Bearer {token}"}):
+        answer = worker.post(url, json={"code": "1"}, headers=headers)
+        assert answer.status_code == 401, answer.text  # none, garbage, another session's
+        assert answer.headers["content-type"] == "application/problem+json"
+    token = api.http.post(f"/v1/sessions/{mine}/direct", headers=alice).json()["token"]
+    bearer = {"Authorization": f"Bearer {token}"}
+    too_big = worker.post(url, content=b'{"code": "' + b"1" * 300_000 + b'"}', headers=bearer)
+    assert too_big.status_code == 413, too_big.text
+    for body in ({}, {"code": "1", "timeout_s": -1}, {"code": "1", "extra": 1}):
+        answer = worker.post(url, json=body, headers=bearer)
+        assert answer.status_code == 422, answer.text
+        assert answer.headers["content-type"] == "application/problem+json"
+    deep = worker.post(url, content=b"[" * 100 + b"]" * 100, headers=bearer)
+    assert deep.status_code == 422, deep.text
+    assert api.http.delete(f"/v1/sessions/{mine}", headers=alice).status_code == 200
+    gone = worker.post(url, json={"code": "1"}, headers=bearer)
+    assert gone.status_code == 409, gone.text  # the token outlives the session, not its cells
+    assert api.http.get(f"/v1/sessions/{mine}/cells", headers=alice).json()["items"] == []
+    stopped = api.http.post(f"/v1/sessions/{mine}/direct", headers=alice)
+    assert stopped.status_code == 409, stopped.text
+
+
+def _worker_app(api: Api) -> TestClient:
+    """The worker's internal server as `sandcell worker` builds it, over the test's session
+    host and store (build_internal_app)."""
+    store = api.services.store
+    cells = DirectCells(api.session_host, store, DirectTokens(INTERNAL_TOKEN))
+    direct = create_direct_app(cells, max_json_bytes=256 * 1024, max_depth=16)
+    return TestClient(create_internal_app(api.session_host, store, INTERNAL_TOKEN, direct))
+
+
+def _seconds_until(iso_time: str) -> float:
+    return datetime.fromisoformat(iso_time.replace("Z", "+00:00")).timestamp() - time.time()
