@@ -3,9 +3,13 @@
 import io
 import random
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
+
+from sandcell.remote.session_client import IDLE_POOL, NODELAY
 
 TERMINAL = ("completed", "failed", "cancelled")
 
@@ -72,3 +76,20 @@ def execute(http: httpx.Client, sid: str, code: str) -> dict[str, Any]:
         http.post(f"/v1/sessions/{sid}/execute", json={"code": code}).raise_for_status().json()
     )
     return answer
+
+
+@contextmanager
+def direct_client(http: httpx.Client, sid: str) -> Iterator[Callable[[], None]]:
+    """A function that runs `1+1` in session `sid` straight on its worker, with a token from
+    `POST /v1/sessions/{sid}/direct` (one HTTP hop, not two)."""
+    access = http.post(f"/v1/sessions/{sid}/direct").raise_for_status().json()
+    bearer = {"Authorization": f"Bearer {access['token']}"}
+    transport = httpx.HTTPTransport(socket_options=[NODELAY], limits=IDLE_POOL)
+    with httpx.Client(headers=bearer, transport=transport, timeout=60) as direct:
+
+        def once() -> None:
+            answer = direct.post(access["execute_url"], json={"code": "1+1"})
+            if answer.raise_for_status().json()["result"] != "2":
+                raise SystemExit(f"direct cell answered {answer.text}")
+
+        yield once

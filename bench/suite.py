@@ -240,13 +240,23 @@ def _round_trip(plan: Plan, http: Any, data_dir: Path, sid: str) -> dict[str, An
     def cell() -> None:
         kernel_ms.append(jobs.execute(http, sid, "1+1")["duration_ms"])
 
-    out = {"execute_1+1": summary(timed(cell, plan.cells)), "kernel_1+1": summary(kernel_ms)}
+    with jobs.direct_client(http, sid) as direct:
+        # Through the API and straight to the worker (POST /v1/sessions/{id}/direct), turn
+        # about: this VM's speed drifts by the minute.
+        via_api, straight = [], []
+        for _ in range(plan.cells):
+            via_api += timed(cell, 1)
+            straight += timed(direct, 1)
+    out = {"execute_1+1": summary(via_api), "kernel_1+1": summary(kernel_ms)}
+    out["direct_1+1"] = summary(straight)
     out["empty_api_request"] = summary(timed(lambda: http.get("/healthz"), plan.cells))
     with worker_client(data_dir) as worker:
         empty = summary(timed(lambda: worker.get("/internal/none"), plan.cells))
     out["empty_worker_request"] = empty
     parts = ("empty_api_request", "empty_worker_request", "kernel_1+1")
     out["two_process_floor_ms"] = round(sum(out[part]["median_ms"] for part in parts), 1)
+    # One hop: what a direct cell pays before the token check and the cell's record.
+    out["direct_floor_ms"] = round(sum(out[part]["median_ms"] for part in parts[1:]), 1)
     return out
 
 

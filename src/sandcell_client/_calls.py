@@ -20,6 +20,7 @@ from sandcell_client._models import (
     Cell,
     CellRecord,
     DeletionReport,
+    DirectAccess,
     FileEntry,
     FileInfo,
     FileWritten,
@@ -210,6 +211,18 @@ def execute(session_id: str, code: str, timeout_s: float, stream: bool = False) 
     body = {"code": code, "timeout_s": timeout_s}
     path = _session(session_id, "/execute")
     return Call("POST", path, model(Cell), json=body, headers=headers, timeout=timeout_s + 30)
+
+
+def direct_access(session_id: str) -> Call[DirectAccess]:
+    return Call("POST", _session(session_id, "/direct"), model(DirectAccess), idempotent=True)
+
+
+def direct_execute(access: DirectAccess, code: str, timeout_s: float) -> Call[Cell]:
+    """A cell sent to the worker's URL (absolute), with the session's token, not the key."""
+    headers = {"Authorization": f"Bearer {access.token}"}
+    body = {"code": code, "timeout_s": timeout_s}
+    url, parse = access.execute_url, model(Cell)
+    return Call("POST", url, parse, json=body, headers=headers, timeout=timeout_s + 30)
 
 
 def session_cells(session_id: str, after: int | None, limit: int) -> Call[list[CellRecord]]:

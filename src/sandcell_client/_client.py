@@ -34,7 +34,14 @@ from sandcell_client._base import (
     session_body,
     verify,
 )
-from sandcell_client._exceptions import StreamError, TransportError, transport_error
+from sandcell_client._exceptions import (
+    Conflict,
+    SessionUnavailable,
+    StreamError,
+    TransportError,
+    Unauthorized,
+    transport_error,
+)
 from sandcell_client._models import (
     ApiKey,
     Artifact,
@@ -42,6 +49,7 @@ from sandcell_client._models import (
     CellEvent,
     CellRecord,
     DeletionReport,
+    DirectAccess,
     FileEntry,
     FileInfo,
     FileWritten,
@@ -391,6 +399,7 @@ class Session:
 
     def __init__(self, client: Client, info: SessionInfo) -> None:
         self._client, self.info, self.id = client, info, info.id
+        self._direct: DirectAccess | None = None
 
     @property
     def data(self) -> SessionInfo:
@@ -412,7 +421,25 @@ class Session:
 
     def execute(self, code: str, timeout: float = 60) -> Cell:
         """Run one cell and answer its output, result, rich displays and error."""
-        return self._send(calls.execute(self.id, code, timeout))
+        if self._direct is None:
+            return self._send(calls.execute(self.id, code, timeout))
+        try:
+            return self._send(calls.direct_execute(self._direct, code, timeout))
+        except (Unauthorized, Conflict) as exc:
+            if isinstance(exc, SessionUnavailable):
+                raise  # the cell had started: its sandbox died under it
+            # Refused before anything ran: the token lapsed (401), or the session is no longer
+            # on that worker (409). The API answers where it is now, or why it cannot run.
+            self._direct = self._send(calls.direct_access(self.id))
+            return self._send(calls.direct_execute(self._direct, code, timeout))
+
+    def go_direct(self) -> DirectAccess:
+        """Send this session's cells (`execute`) straight to the worker that holds it from
+        now on: one HTTP hop instead of two (`POST /v1/sessions/{id}/direct`). The worker must
+        be reachable from here. A lapsed token, or a session resumed on another worker, is
+        asked for again once; streaming cells and everything else still go through the API."""
+        self._direct = self._send(calls.direct_access(self.id))
+        return self._direct
 
     def execute_stream(self, code: str, timeout: float = 60) -> Iterator[CellEvent]:
         """Run one cell, yielding its output as produced; the last event is `result`."""

@@ -117,6 +117,15 @@ class SignedUrl(Record):
     expires_at: str
 
 
+class DirectAccess(Record):
+    """Where to send one session's cells straight to the worker holding it, and the token
+    that opens them (and nothing else) until `expires_at` or the session stops."""
+
+    execute_url: str
+    token: str
+    expires_at: str
+
+
 class DeletionReport(Record):
     """What retiring a job removed, kept, and left for the caller to remove."""
 

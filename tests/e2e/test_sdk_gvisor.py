@@ -100,6 +100,25 @@ plt.show()
 """
 
 
+def test_sdk_cells_go_straight_to_the_worker_and_on_after_a_pause(server: Server) -> None:
+    """`go_direct`: cells skip the API (one HTTP hop), share the kernel with the API's and are
+    in the history; after pause and resume (same worker) the same token goes on working."""
+    with (
+        Client(server.url, _key(server, "sdk-direct"), timeout=120) as client,
+        client.sessions.create(image="python-data") as session,
+    ):
+        session.execute("x = 41")
+        access = session.go_direct()
+        assert not access.execute_url.startswith(server.url)  # the worker's own server
+        assert session.execute("x + 1").result == "42"
+        session.pause()
+        session.resume()
+        chart = "import matplotlib.pyplot as plt; plt.plot([1, 2]); x + 2"
+        cell = session.execute(chart)
+        assert cell.result == "43" and cell.images()[0][:4] == b"\x89PNG"
+        assert [c.code for c in session.cells()][-2:] == ["x + 1", chart]
+
+
 def test_async_sdk_session_streams_a_chart_and_keeps_state_across_pause(server: Server) -> None:
     key = _key(server, "sdk-async-session")
 

@@ -358,3 +358,69 @@ def test_session_history_and_quota_changes_through_both_clients(api: Api) -> Non
             return [c.seq for c in found]
 
     assert anyio.run(main) == [2, 3]  # the history outlives the stopped session
+
+
+class ScriptedDirect:
+    """The API's `/direct` and a worker's cells, as a client sees them: each mint gives a new
+    token; the worker answers each cell with the next of `answers` (status, problem type)."""
+
+    WORKER = "http://worker.test/direct/sessions/ses_1/execute"
+
+    def __init__(self, answers: list[tuple[int, str]]) -> None:
+        self.answers, self.mints, self.cells = answers, 0, list[str]()
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/sessions/ses_1/direct":
+            assert request.headers["authorization"] == "Bearer sc_key"
+            self.mints += 1
+            access = {"execute_url": self.WORKER, "token": f"tok{self.mints}", "expires_at": ""}
+            return httpx.Response(200, json=access)
+        assert str(request.url) == self.WORKER, request.url
+        self.cells.append(request.headers["authorization"])
+        status, kind = self.answers.pop(0)
+        if status == 200:
+            return httpx.Response(200, json={"stdout": "", "result": "2"})
+        problem = {"type": kind, "title": kind, "status": status, "detail": kind}
+        return httpx.Response(status, json=problem, headers={"content-type": PROBLEM})
+
+
+PROBLEM = "application/problem+json"
+
+
+@pytest.mark.parametrize(
+    "refusal", [(401, "unauthorized"), (409, "conflict")], ids=["token-lapsed", "moved"]
+)
+def test_a_direct_cell_refused_before_it_ran_asks_the_api_again_once(
+    refusal: tuple[int, str],
+) -> None:
+    script = ScriptedDirect([refusal, (200, "")])
+    client = Client("http://api.test", "sc_key", transport=httpx.MockTransport(script))
+    session = client.sessions.attach("ses_1")
+    access = session.go_direct()
+    assert access.execute_url == ScriptedDirect.WORKER and script.mints == 1
+    assert session.execute("1+1").result == "2"
+    assert script.mints == 2 and script.cells == ["Bearer tok1", "Bearer tok2"]  # never the key
+
+
+def test_a_direct_cell_whose_sandbox_died_is_not_sent_again() -> None:
+    script = ScriptedDirect([(409, "session-unavailable"), (200, "")])
+    client = Client("http://api.test", "sc_key", transport=httpx.MockTransport(script))
+    session = client.sessions.attach("ses_1")
+    session.go_direct()
+    with pytest.raises(sandcell_client.SessionUnavailable):
+        session.execute("1+1")
+    assert script.mints == 1 and len(script.cells) == 1  # the cell had started: not re-run
+
+
+def test_the_async_client_sends_cells_direct_too() -> None:
+    script = ScriptedDirect([(401, "unauthorized"), (200, "")])
+
+    async def main() -> None:
+        transport = httpx.MockTransport(script)
+        async with AsyncClient("http://api.test", "sc_key", transport=transport) as client:
+            session = client.sessions.attach("ses_1")
+            await session.go_direct()
+            assert (await session.execute("1+1")).result == "2"
+
+    anyio.run(main)
+    assert script.mints == 2 and script.cells == ["Bearer tok1", "Bearer tok2"]
