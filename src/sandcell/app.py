@@ -10,7 +10,7 @@ from sqlalchemy import create_engine
 
 from sandcell.api.app import create_app
 from sandcell.api.deps import Services
-from sandcell.api.direct import create_direct_app
+from sandcell.api.direct import install_direct
 from sandcell.api.internal import create_internal_app
 from sandcell.artifacts.filesystem import FilesystemBlobStore
 from sandcell.domain.errors import ImageUnavailable, RuntimeUnavailable
@@ -305,6 +305,7 @@ def build_internal_app(settings: Settings, worker: Worker) -> FastAPI:
     /direct, the sessions' cells sent straight to it with a token the API minted."""
     assert isinstance(worker.sessions, LocalSessionHost)
     token = internal_token(settings)
+    app = create_internal_app(worker.sessions, worker.store, token)
     cells = DirectCells(worker.sessions, worker.store, DirectTokens(token))
-    direct = create_direct_app(cells, settings.max_body_bytes, settings.max_json_depth)
-    return create_internal_app(worker.sessions, worker.store, token, direct)
+    install_direct(app, cells, settings.max_body_bytes, settings.max_json_depth)
+    return app

@@ -6,7 +6,7 @@ from datetime import datetime
 import pytest
 from fastapi.testclient import TestClient
 
-from sandcell.api.direct import create_direct_app
+from sandcell.api.direct import install_direct
 from sandcell.api.internal import TOKEN_HEADER, create_internal_app
 from sandcell.domain.errors import Unauthorized
 from sandcell.services.direct_cells import DIRECT_TTL_S, DirectCells, DirectTokens
@@ -92,6 +92,10 @@ def test_direct_cells_refuse_a_missing_wrong_or_stale_token_and_hostile_bodies(a
     bearer = {"Authorization": f"Bearer {token}"}
     too_big = worker.post(url, content=b'{"code": "' + b"1" * 300_000 + b'"}', headers=bearer)
     assert too_big.status_code == 413, too_big.text
+    internal = {TOKEN_HEADER: INTERNAL_TOKEN, "content-type": "application/json"}
+    big = b'{"code": "x = ' + b"1" * 300_000 + b'", "timeout_s": 5}'
+    relayed = worker.post(f"/internal/sessions/{other}/execute", content=big, headers=internal)
+    assert relayed.status_code == 200, relayed.text  # the guard is the direct paths' alone
     for body in ({}, {"code": "1", "timeout_s": -1}, {"code": "1", "extra": 1}):
         answer = worker.post(url, json=body, headers=bearer)
         assert answer.status_code == 422, answer.text
@@ -110,9 +114,10 @@ def _worker_app(api: Api) -> TestClient:
     """The worker's internal server as `sandcell worker` builds it, over the test's session
     host and store (build_internal_app)."""
     store = api.services.store
+    app = create_internal_app(api.session_host, store, INTERNAL_TOKEN)
     cells = DirectCells(api.session_host, store, DirectTokens(INTERNAL_TOKEN))
-    direct = create_direct_app(cells, max_json_bytes=256 * 1024, max_depth=16)
-    return TestClient(create_internal_app(api.session_host, store, INTERNAL_TOKEN, direct))
+    install_direct(app, cells, max_json_bytes=256 * 1024, max_depth=16)
+    return TestClient(app)
 
 
 def _seconds_until(iso_time: str) -> float:

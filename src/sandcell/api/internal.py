@@ -51,16 +51,11 @@ def _session(request: Request, session_id: str) -> Session:
 Host = Annotated[LocalSessionHost, Depends(_host)]
 
 
-def create_internal_app(
-    host: LocalSessionHost, store: Store, token: str, direct: FastAPI | None = None
-) -> FastAPI:
-    """`direct`: the tenant-facing app of direct cells (api/direct.py), mounted at /direct."""
+def create_internal_app(host: LocalSessionHost, store: Store, token: str) -> FastAPI:
     app = FastAPI(title="sandcell worker (internal)", openapi_url=None, docs_url=None)
     app.state.host, app.state.store, app.state.token = host, store, token
     problems.install(app)
     app.include_router(router, dependencies=[Depends(_authorised)])
-    if direct is not None:
-        app.mount("/direct", direct)
     return app
 
 

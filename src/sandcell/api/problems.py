@@ -215,14 +215,23 @@ def json_depth(value: Any) -> int:
 
 
 class BodyGuard:
-    """Caps body size before anything parses it, and refuses JSON nested too deeply."""
+    """Caps body size before anything parses it, and refuses JSON nested too deeply; on the
+    paths under `prefix` only (default: all)."""
 
-    def __init__(self, app: ASGIApp, max_json_bytes: int, max_upload_bytes: int, max_depth: int):
-        self.app = app
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_json_bytes: int,
+        max_upload_bytes: int,
+        max_depth: int,
+        prefix: str = "",
+    ):
+        self.app, self.prefix = app, prefix
         self.max_json, self.max_upload, self.max_depth = max_json_bytes, max_upload_bytes, max_depth
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+        passing = scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS")
+        if passing or not scope["path"].startswith(self.prefix):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
