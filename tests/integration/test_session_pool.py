@@ -106,12 +106,14 @@ def test_a_pooled_kernel_serves_its_session_with_pandas_already_imported(
     live = take(pool, spec)
     try:
         assert live.sandbox_id.startswith("spool-python-data-")
+        fresh = cell(live, "_, dict(Out), '_1' in dir()")
+        assert fresh["result"] == "('', {}, False)", fresh  # the warm-up left no result behind
+        assert fresh["execution_count"] == 1  # the pool's imports were no cell
         first = cell(
             live, "import sys, os\n'pandas' in sys.modules, os.environ['SANDCELL_SESSION_ID']"
         )
         assert first["error"] is None, first
         assert first["result"] == repr((True, spec.env["SANDCELL_SESSION_ID"]))
-        assert first["execution_count"] == 1  # the pool's imports were no cell
         names = cell(live, "sorted(n for n in dir() if not n.startswith('_'))")
         assert "pandas" not in str(names["result"]), names  # imported, not bound for the user
         started = time.monotonic()

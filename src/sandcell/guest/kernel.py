@@ -118,6 +118,9 @@ class Kernel:
         # IPython's first cell pays for its own lazy set-up (~10 ms): paid here, unseen (no
         # current cell takes its output) and uncounted (no history, no execution count).
         self.shell.run_cell("None", store_history=False)
+        # And the first result its display formatter renders (~5 ms more): rendered here
+        # directly, so nothing reaches the displayhook (`_`, `_1`, `Out`).
+        self.shell.display_formatter.format(0)
         self.fonts_in_memory = memory_fonts.install()
         return {"failed": failed}
 
