@@ -3,7 +3,6 @@
 import base64
 import hashlib
 import hmac
-import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,8 +30,6 @@ from sandcell.services.auth import Principal
 from sandcell.services.direct_cells import DIRECT_TTL_S, DirectAccess, DirectTokens, record_cell
 from sandcell.services.jobs import JobPolicy
 from sandcell.services.validation import RequestValidator
-
-log = logging.getLogger("sandcell.sessions")
 
 
 @dataclass(frozen=True)
