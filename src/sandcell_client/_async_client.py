@@ -32,16 +32,15 @@ from sandcell_client._base import (
     new_idempotency_key,
     opened,
     raw_content,
+    refused_before_running,
     safe_destination,
     session_body,
     verify,
 )
 from sandcell_client._exceptions import (
-    Conflict,
-    SessionUnavailable,
+    SandcellError,
     StreamError,
     TransportError,
-    Unauthorized,
     transport_error,
 )
 from sandcell_client._models import (
@@ -433,11 +432,10 @@ class AsyncSession:
             return await self._send(calls.execute(self.id, code, timeout))
         try:
             return await self._send(calls.direct_execute(self._direct, code, timeout))
-        except (Unauthorized, Conflict) as exc:
-            if isinstance(exc, SessionUnavailable):
-                raise  # the cell had started: its sandbox died under it
-            # Refused before anything ran: the token lapsed (401), or the session is no longer
-            # on that worker (409). The API answers where it is now, or why it cannot run.
+        except SandcellError as exc:
+            if not refused_before_running(exc):
+                raise
+            # The API answers where the session is now, or why it cannot run.
             self._direct = await self._send(calls.direct_access(self.id))
             return await self._send(calls.direct_execute(self._direct, code, timeout))
 

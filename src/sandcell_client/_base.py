@@ -16,7 +16,15 @@ from typing import IO, Any, Generic, TypeVar
 import httpx
 from pydantic import BaseModel
 
-from sandcell_client._exceptions import ChecksumMismatch, SandcellError, api_error, stream_error
+from sandcell_client._exceptions import (
+    ChecksumMismatch,
+    Conflict,
+    SandcellError,
+    SessionUnavailable,
+    Unauthorized,
+    api_error,
+    stream_error,
+)
 from sandcell_client._models import Cell, CellEvent, LogEvent
 
 T = TypeVar("T")
@@ -200,6 +208,13 @@ def cell_event(event: ServerEvent) -> CellEvent:
     if event.event == "result":
         return CellEvent(type="result", cell=Cell.model_validate(data))
     return CellEvent.model_validate({**data, "type": data.get("type", event.event)})
+
+
+def refused_before_running(exc: SandcellError) -> bool:
+    """Whether a direct cell was refused before any of it ran, so that asking the API for
+    fresh access and sending it again is safe: its token lapsed (401), or the session is no
+    longer on that worker (409). A sandbox that died under the cell (also a 409) is not."""
+    return isinstance(exc, Unauthorized | Conflict) and not isinstance(exc, SessionUnavailable)
 
 
 # request bodies
