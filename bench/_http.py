@@ -9,7 +9,7 @@ from typing import Any
 
 import httpx
 
-from sandcell.remote.session_client import IDLE_POOL, NODELAY
+from bench._server import client_for
 
 TERMINAL = ("completed", "failed", "cancelled")
 
@@ -83,9 +83,7 @@ def direct_client(http: httpx.Client, sid: str) -> Iterator[Callable[[], None]]:
     """A function that runs `1+1` in session `sid` straight on its worker, with a token from
     `POST /v1/sessions/{sid}/direct` (one HTTP hop, not two)."""
     access = http.post(f"/v1/sessions/{sid}/direct").raise_for_status().json()
-    bearer = {"Authorization": f"Bearer {access['token']}"}
-    transport = httpx.HTTPTransport(socket_options=[NODELAY], limits=IDLE_POOL)
-    with httpx.Client(headers=bearer, transport=transport, timeout=60) as direct:
+    with client_for(access["execute_url"], access["token"]) as direct:  # the token as the key
 
         def once() -> None:
             answer = direct.post(access["execute_url"], json={"code": "1+1"})
