@@ -12,7 +12,12 @@ import sqlite3
 import time
 from urllib.parse import urlsplit
 
-from sandcell.remote.session_client import IDLE_CONNECTION_S, SERVER_KEEP_ALIVE_S, HttpSessionHost
+from sandcell.remote.session_client import (
+    IDLE_CONNECTION_S,
+    SERVER_KEEP_ALIVE_S,
+    HttpSessionHost,
+    worker_transport,
+)
 from sandcell_client import AsyncClient, Client
 from tests.e2e.conftest import Server
 
@@ -47,7 +52,7 @@ def test_the_api_and_the_workers_endpoint_outlive_their_clients_idle_limit(
 def test_the_clients_drop_an_idle_connection_before_the_servers_do() -> None:
     """The API's client of a worker, and the SDK's (sync and async)."""
     clients = [
-        HttpSessionHost("http://127.0.0.1:1", "token")._http,
+        HttpSessionHost("http://127.0.0.1:1", "token", worker_transport())._http,
         Client("http://127.0.0.1:1", "sc_key")._http,
         AsyncClient("http://127.0.0.1:1", "sc_key")._http,
     ]

@@ -35,11 +35,19 @@ ERRORS: dict[int, type[e.SandcellError]] = {
 }
 
 
+def worker_transport() -> httpx.HTTPTransport:
+    """One connection pool for calls to every worker. Its connections are not capped: each
+    carries one call of the API's own, and the API's threads and streams bound those."""
+    # NODELAY: httpx writes a request's headers and body separately; with Nagle on, the body
+    # waits for the ACK of the headers, which the worker delays.
+    limits = httpx.Limits(max_connections=None, keepalive_expiry=IDLE_CONNECTION_S)
+    return httpx.HTTPTransport(socket_options=[NODELAY], limits=limits)
+
+
 class HttpSessionHost:
-    def __init__(self, url: str, token: str, timeout_s: float = 60.0) -> None:
-        # NODELAY: httpx writes a request's headers and body separately; with Nagle on, the
-        # body waits for the ACK of the headers, which the worker delays.
-        transport = httpx.HTTPTransport(socket_options=[NODELAY], limits=IDLE_POOL)
+    def __init__(
+        self, url: str, token: str, transport: httpx.HTTPTransport, timeout_s: float = 60.0
+    ) -> None:
         self._http = httpx.Client(
             base_url=url, headers={TOKEN_HEADER: token}, timeout=timeout_s, transport=transport
         )
@@ -135,12 +143,16 @@ class HttpSessionHosts:
     def __init__(self, token: str) -> None:
         self.token = token
         self._hosts: dict[str, HttpSessionHost] = {}
+        # Made with the API, not on a tenant's first call to a worker: httpx loads httpcore
+        # (and trio, where it is installed) with its first transport, ~0.2 s, and each
+        # transport loads the CA bundle, ~20 ms.
+        self._transport = worker_transport()
 
     def host(self, worker: WorkerInfo) -> HttpSessionHost:
         if worker.url is None:
             raise e.RuntimeUnavailable("this worker runs no sessions")
         if worker.url not in self._hosts:
-            self._hosts[worker.url] = HttpSessionHost(worker.url, self.token)
+            self._hosts[worker.url] = HttpSessionHost(worker.url, self.token, self._transport)
         return self._hosts[worker.url]
 
 
