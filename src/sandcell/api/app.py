@@ -13,6 +13,7 @@ from sandcell.api.metrics import registry_for
 from sandcell.api.requests import RequestLog
 from sandcell.api.schemas import HealthOut, ReadyOut
 from sandcell.api.waiting import EndSweep
+from sandcell.api.warm import warmed
 from sandcell.domain.records import LIVE_WORKER_S
 
 
@@ -23,6 +24,7 @@ def create_app(
         title="sandcell",
         version=__version__,
         description="Secure code-interpreter jobs in gVisor sandboxes.",
+        lifespan=warmed,
     )
     app.state.services = services
     app.state.end_sweep = EndSweep(services.store.ended_among)  # every `?wait=`'s fallback

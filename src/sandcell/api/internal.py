@@ -13,6 +13,7 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Header, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
 from sandcell.api import problems
+from sandcell.api.warm import warmed
 from sandcell.domain.errors import NotFound, Unauthorized
 from sandcell.domain.sessions import Session
 from sandcell.ports.store import Store
@@ -52,7 +53,9 @@ Host = Annotated[LocalSessionHost, Depends(_host)]
 
 
 def create_internal_app(host: LocalSessionHost, store: Store, token: str) -> FastAPI:
-    app = FastAPI(title="sandcell worker (internal)", openapi_url=None, docs_url=None)
+    app = FastAPI(
+        title="sandcell worker (internal)", openapi_url=None, docs_url=None, lifespan=warmed
+    )
     app.state.host, app.state.store, app.state.token = host, store, token
     problems.install(app)
     app.include_router(router, dependencies=[Depends(_authorised)])
