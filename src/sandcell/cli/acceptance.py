@@ -7,9 +7,6 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from sandcell.acceptance import STEPS, Options, run_acceptance
-from sandcell.acceptance.report import print_tables
-
 err = Console(stderr=True)
 
 
@@ -31,6 +28,10 @@ def acceptance(
     jobs must reach, so the deployment's egress proxy must be allowed loopback
     (SANDCELL_EGRESS_ALLOWED_NETWORKS='["127.0.0.0/8"]', SANDCELL_EGRESS_ANY_PORT=1).
     """
+    # Lazily: the runner brings the API's schemas and more; every other command starts without.
+    from sandcell.acceptance import STEPS, Options, run_acceptance
+    from sandcell.acceptance.report import print_tables
+
     chosen = tuple(step or STEPS)
     if unknown := set(chosen) - set(STEPS):
         raise typer.BadParameter(f"no step {sorted(unknown)}; steps are 1-5", param_hint="--step")

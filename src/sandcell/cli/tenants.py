@@ -12,7 +12,6 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from sandcell.api.schemas import QuotasIn
 from sandcell.domain.quotas import Quotas
 from sandcell.settings import Settings
 
@@ -59,6 +58,8 @@ def set_quotas(
 
 
 def _validated(values: dict[str, Any]) -> dict[str, Any]:
+    from sandcell.api.schemas import QuotasIn  # lazily: the API's schemas cost every command 0.2 s
+
     try:
         return QuotasIn.model_validate(values).model_dump(exclude_unset=True)
     except ValidationError as exc:
