@@ -1,14 +1,14 @@
 """Queries behind a session's cell history: numbered per session, newest kept, tenant-scoped.
 
-Numbering first updates the session's row (last used, executions), which takes its row lock
-(on SQLite the write lock every transaction takes), so two cells recorded at once get
-distinct, increasing numbers on both backends.
+A cell's number is its session's count of executions, which recording it increments. That
+update takes the session row's lock (on SQLite the write lock every transaction takes), so two
+cells recorded at once get distinct, increasing numbers on both backends.
 """
 
 from dataclasses import asdict, replace
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, insert, select, update
 
 from sandcell.domain.cells import SessionCell
 from sandcell.domain.errors import NotFound
@@ -20,9 +20,7 @@ _TOUCH = (
     update(sessions)
     .where(sessions.c.id == bindparam("session"), sessions.c.tenant_id == bindparam("tenant"))
     .values(last_used_at=bindparam("at"), executions=sessions.c.executions + 1)
-)
-_LAST_SEQ = select(func.coalesce(func.max(session_cells.c.seq), 0)).where(
-    session_cells.c.session_id == bindparam("session")
+    .returning(sessions.c.executions)
 )
 _INSERT = insert(session_cells)
 _FORGET = delete(session_cells).where(
@@ -33,10 +31,11 @@ _FORGET = delete(session_cells).where(
 
 def add(conn: Connection, cell: SessionCell, keep: int) -> SessionCell:
     key = {"session": cell.session_id}
-    touched = conn.execute(_TOUCH, key | {"tenant": cell.tenant_id, "at": cell.finished_at})
-    if touched.rowcount == 0:
+    count = conn.execute(_TOUCH, key | {"tenant": cell.tenant_id, "at": cell.finished_at})
+    executions = count.scalar_one_or_none()
+    if executions is None:
         raise NotFound("no such session")
-    numbered = replace(cell, seq=int(conn.execute(_LAST_SEQ, key).scalar_one()) + 1)
+    numbered = replace(cell, seq=int(executions))
     conn.execute(_INSERT, asdict(numbered))
     if numbered.seq > keep:
         conn.execute(_FORGET, key | {"oldest_gone": numbered.seq - keep})
