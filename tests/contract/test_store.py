@@ -16,7 +16,7 @@ from sandcell.domain.cells import CELL_CHARS, SessionCell, recorded_cell
 from sandcell.domain.errors import Conflict, IdempotencyMismatch, NotFound, StaleLease
 from sandcell.domain.ids import new_id
 from sandcell.domain.limits import Limits
-from sandcell.domain.records import Artifact, Job, JobSpec, StoredFile, Tenant, WorkerInfo
+from sandcell.domain.records import ApiKey, Artifact, Job, JobSpec, StoredFile, Tenant, WorkerInfo
 from sandcell.domain.sessions import Session, SessionState
 from sandcell.domain.states import JobState, Reason
 from sandcell.store.sql import SqlStore
@@ -61,6 +61,16 @@ def test_tenant_names_are_unique(store: SqlStore) -> None:
     _tenant(store, "same")
     with pytest.raises(Conflict):
         _tenant(store, "same")
+
+
+def test_keys_revoked_since_a_time_are_listed_and_no_others(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    for key_id in ("old", "new", "live"):
+        store.add_api_key(ApiKey(key_id, tenant.id, ["jobs"], 100.0), "hash-" + key_id)
+    assert store.revoke_api_key("old", 200.0) and store.revoke_api_key("new", 300.0)
+    assert store.revoked_key_ids(300.0) == ["new"]
+    assert sorted(store.revoked_key_ids(150.0)) == ["new", "old"]
+    assert store.revoked_key_ids(301.0) == []
 
 
 def test_idempotent_insert_returns_the_first_job_and_refuses_another_body(store: SqlStore) -> None:

@@ -303,6 +303,36 @@ def test_cells_sent_straight_to_the_worker_share_the_kernel_and_need_the_session
         other.delete(f"/v1/sessions/{theirs}")
 
 
+def test_revoking_a_key_ends_the_direct_cells_of_the_tokens_it_minted(server: Server) -> None:
+    with httpx.Client(base_url=server.url, headers=server.admin, timeout=60) as admin:
+        tenant = admin.post("/v1/admin/tenants", json={"name": "ses-revoked"}).json()
+        keys = [admin.post(f"/v1/admin/tenants/{tenant['id']}/keys").json()["key"] for _ in "ab"]
+        revoked, kept = (
+            httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {k}"}, timeout=120)
+            for k in keys
+        )
+        with revoked, kept:
+            sid = revoked.post("/v1/sessions", json={"image": "python-data"}).json()["id"]
+            access = revoked.post(f"/v1/sessions/{sid}/direct").json()
+            bearer = {"Authorization": f"Bearer {access['token']}"}
+
+            def cell() -> httpx.Response:
+                return httpx.post(access["execute_url"], json={"code": "1"}, headers=bearer)
+
+            assert cell().status_code == 200
+            key_id = keys[0].split("_")[1]  # sc_<id>_<secret>
+            assert admin.delete(f"/v1/admin/keys/{key_id}").status_code == 204
+            assert revoked.get(f"/v1/sessions/{sid}").status_code == 401  # the API: at once
+            deadline = time.monotonic() + 3  # the worker: within its second of staleness
+            while (answer := cell()).status_code == 200 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert answer.status_code == 401, answer.text
+            assert "revoked" in answer.json()["detail"]
+            # The session is the tenant's, not the key's: its other key still runs it.
+            assert _execute(kept, sid, "2")["result"] == "2"
+            kept.delete(f"/v1/sessions/{sid}").raise_for_status()
+
+
 def test_an_idle_session_is_stopped_and_its_sandbox_released(server: Server) -> None:
     with _client(server, "ses-idle") as http:
         sid = http.post("/v1/sessions", json={"image": "python-data", "idle_timeout_s": 1}).json()[

@@ -2,6 +2,7 @@
 
 import time
 from datetime import datetime
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -9,29 +10,37 @@ from fastapi.testclient import TestClient
 from sandcell.api.direct import install_direct
 from sandcell.api.internal import TOKEN_HEADER, create_internal_app
 from sandcell.domain.errors import Unauthorized
-from sandcell.services.direct_cells import DIRECT_TTL_S, DirectCells, DirectTokens
-from tests.conftest import INTERNAL_TOKEN, Api
+from sandcell.services.direct_cells import (
+    DIRECT_TTL_S,
+    REVOKED_REFRESH_S,
+    DirectCells,
+    DirectGrant,
+    DirectTokens,
+    RevokedKeys,
+)
+from tests.conftest import ADMIN_KEY, INTERNAL_TOKEN, Api
 
 TOKENS = DirectTokens(INTERNAL_TOKEN)
 
 
-def test_a_token_names_its_session_and_tenant_until_it_expires() -> None:
+def test_a_token_names_its_session_tenant_and_key_until_it_expires() -> None:
     expires = int(time.time()) + 60
-    token = TOKENS.mint("ses_a", "ten_a", expires)
-    assert TOKENS.tenant_of(token, "ses_a", time.time()) == "ten_a"
+    token = TOKENS.mint("ses_a", "ten_a", "key_a", expires)
+    assert TOKENS.grant_of(token, "ses_a", time.time()) == DirectGrant("ten_a", "key_a")
     refused = [
         (token, "ses_b", time.time()),  # another session
         (token, "ses_a", expires + 1),  # expired
         (token.replace("ten_a", "ten_b"), "ses_a", time.time()),  # another tenant's claim
+        (token.replace("key_a", "key_b"), "ses_a", time.time()),  # another key's claim
         (token[:-2] + ("AA" if token[-2:] != "AA" else "BB"), "ses_a", time.time()),
-        (DirectTokens("another-deployment").mint("ses_a", "ten_a", expires), "ses_a", 0),
-        (TOKENS.mint("ses_a", "ten_a", expires) + ".x", "ses_a", 0),
-        ("ses_a.ten_a.soon.sig", "ses_a", 0),
+        (DirectTokens("another-deployment").mint("ses_a", "ten_a", "key_a", expires), "ses_a", 0),
+        (TOKENS.mint("ses_a", "ten_a", "key_a", expires) + ".x", "ses_a", 0),
+        ("ses_a.ten_a.key_a.soon.sig", "ses_a", 0),
         ("", "ses_a", 0),
     ]
     for given, session_id, now in refused:
         with pytest.raises(Unauthorized):
-            TOKENS.tenant_of(given, session_id, now)
+            TOKENS.grant_of(given, session_id, now)
 
 
 def test_a_direct_token_is_not_the_internal_token_nor_opens_the_internal_routes(
@@ -108,6 +117,57 @@ def test_direct_cells_refuse_a_missing_wrong_or_stale_token_and_hostile_bodies(a
     assert api.http.get(f"/v1/sessions/{mine}/cells", headers=alice).json()["items"] == []
     stopped = api.http.post(f"/v1/sessions/{mine}/direct", headers=alice)
     assert stopped.status_code == 409, stopped.text
+
+
+def test_revoking_the_key_that_minted_a_token_ends_its_direct_cells_within_a_second(
+    api: Api,
+) -> None:
+    admin = {"Authorization": f"Bearer {ADMIN_KEY}"}
+    tenant = api.http.post("/v1/admin/tenants", json={"name": "alice"}, headers=admin).json()
+    keys = [
+        api.http.post(f"/v1/admin/tenants/{tenant['id']}/keys", headers=admin).json()["key"]
+        for _ in range(2)
+    ]
+    alice, spare = ({"Authorization": f"Bearer {key}"} for key in keys)
+    sid = api.http.post("/v1/sessions", json={}, headers=alice).json()["id"]
+    worker, url = _worker_app(api), f"/direct/sessions/{sid}/execute"
+    tokens = {
+        name: api.http.post(f"/v1/sessions/{sid}/direct", headers=key).json()["token"]
+        for name, key in (("revoked", alice), ("spare", spare))
+    }
+    assert _direct(worker, url, tokens["revoked"]).status_code == 200
+    key_id = keys[0].split("_")[1]  # sc_<id>_<secret>
+    assert api.http.delete(f"/v1/admin/keys/{key_id}", headers=admin).status_code == 204
+    time.sleep(REVOKED_REFRESH_S)
+    refused = _direct(worker, url, tokens["revoked"])
+    assert refused.status_code == 401, refused.text
+    assert "revoked" in refused.json()["detail"]
+    assert _direct(worker, url, tokens["spare"]).status_code == 200  # the tenant's other key
+
+
+def test_the_worker_reads_revoked_keys_at_most_once_a_second() -> None:
+    class Counting:
+        def __init__(self) -> None:
+            self.reads: list[float] = []
+
+        def revoked_key_ids(self, since: float) -> list[str]:
+            self.reads.append(since)
+            return ["key_gone"]
+
+    store = Counting()
+    revoked = RevokedKeys(store)  # type: ignore[arg-type]
+    assert "key_gone" in revoked and "key_kept" not in revoked
+    assert len(store.reads) == 1
+    # Every key revoked within twice a token's lifetime: only those can have minted one still
+    # valid, with room for clocks that differ between the API's host and the worker's.
+    assert time.time() - 2 * DIRECT_TTL_S - 5 < store.reads[0] <= time.time() - 2 * DIRECT_TTL_S
+    time.sleep(REVOKED_REFRESH_S)
+    assert "key_gone" in revoked
+    assert len(store.reads) == 2
+
+
+def _direct(worker: TestClient, url: str, token: str) -> Any:
+    return worker.post(url, json={"code": "1"}, headers={"Authorization": f"Bearer {token}"})
 
 
 def _worker_app(api: Api) -> TestClient:

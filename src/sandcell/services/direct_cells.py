@@ -4,19 +4,22 @@ Through the API a cell crosses two HTTP stacks (client → API → worker) and t
 (the key, the session, its worker) before the kernel sees it. A client that wants less asks
 the API once for direct access to a session (`POST /v1/sessions/{id}/direct`, with its key):
 the answer is the worker's URL for that session's cells and a token that names the session,
-its tenant and an expiry, signed with a key only API replicas and workers hold (derived from
-the internal token they already share). The worker checks the signature and that the session
-runs there, runs the cell and records it in the history before it answers, as the API does.
+its tenant, the API key that asked and an expiry, signed with a key only API replicas and
+workers hold (derived from the internal token they already share). The worker checks the
+signature and that the session runs there, runs the cell and records it in the history before
+it answers, as the API does.
 
 The token is the credential, like a preview URL's: it opens one session's cells and nothing
-else, until it expires or the session stops. A revoked API key does not revoke the tokens it
-minted; they lapse within `DIRECT_TTL_S`.
+else, until it expires, the session stops, or the API key that minted it is revoked. The worker
+learns of revoked keys without a read per cell: it reads the keys revoked lately at most once
+a second (`RevokedKeys`), so a revocation reaches direct cells within about a second.
 """
 
 import base64
 import hashlib
 import hmac
 import logging
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +33,7 @@ from sandcell.ports.store import Store
 log = logging.getLogger("sandcell.sessions")
 
 DIRECT_TTL_S = 900.0
+REVOKED_REFRESH_S = 1.0  # how stale the worker's view of revoked keys may be
 _PURPOSE = b"sandcell direct cells\n"
 
 
@@ -40,6 +44,14 @@ class DirectAccess:
     expires_at: float
 
 
+@dataclass(frozen=True)
+class DirectGrant:
+    """What a valid token says: whose session it opens, and which API key asked for it."""
+
+    tenant_id: str
+    key_id: str
+
+
 class DirectTokens:
     """Mint (API) and check (worker) the tokens of direct access to one session's cells."""
 
@@ -47,24 +59,49 @@ class DirectTokens:
         # A key of its own: a direct token never doubles as the internal token, nor the reverse.
         self._key = hmac.new(internal_token.encode(), _PURPOSE, hashlib.sha256).digest()
 
-    def mint(self, session_id: str, tenant_id: str, expires_at: int) -> str:
-        payload = f"{session_id}.{tenant_id}.{expires_at}"
+    def mint(self, session_id: str, tenant_id: str, key_id: str, expires_at: int) -> str:
+        payload = f"{session_id}.{tenant_id}.{key_id}.{expires_at}"
         return f"{payload}.{self._sign(payload)}"
 
-    def tenant_of(self, token: str, session_id: str, now: float) -> str:
-        """The tenant a valid, unexpired token for `session_id` was minted for."""
+    def grant_of(self, token: str, session_id: str, now: float) -> DirectGrant:
+        """What a valid, unexpired token for `session_id` grants."""
         try:
-            named, tenant_id, expires_at, signature = token.split(".")
-            valid = hmac.compare_digest(signature, self._sign(f"{named}.{tenant_id}.{expires_at}"))
+            named, tenant_id, key_id, expires_at, signature = token.split(".")
+            payload = f"{named}.{tenant_id}.{key_id}.{expires_at}"
+            valid = hmac.compare_digest(signature, self._sign(payload))
             if not valid or named != session_id or int(expires_at) < now:
                 raise ValueError
         except ValueError as exc:
             raise Unauthorized("invalid or expired direct token for this session") from exc
-        return tenant_id
+        return DirectGrant(tenant_id, key_id)
 
     def _sign(self, payload: str) -> str:
         digest = hmac.new(self._key, payload.encode(), hashlib.sha256).digest()
         return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+class RevokedKeys:
+    """The API keys revoked lately, as the store had them at most `REVOKED_REFRESH_S` ago.
+
+    Only a key revoked within a token's lifetime can have minted a token still valid, so only
+    those are read (twice that span back, against clocks that differ between hosts). A store
+    that cannot answer refuses the cell (503), as the API's own key check would.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._ids: frozenset[str] = frozenset()
+        self._read_at = -REVOKED_REFRESH_S
+        self._lock = threading.Lock()
+
+    def __contains__(self, key_id: object) -> bool:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._read_at >= REVOKED_REFRESH_S:
+                since = time.time() - 2 * DIRECT_TTL_S
+                self._ids = frozenset(self.store.revoked_key_ids(since))
+                self._read_at = now
+            return key_id in self._ids
 
 
 def record_cell(
@@ -97,9 +134,13 @@ class DirectCells:
         limits: tuple[int, int] = (KEEP_CELLS, CELL_CHARS),
     ) -> None:
         self.host, self.store, self.tokens, self.limits = host, store, tokens, limits
+        self.revoked = RevokedKeys(store)
 
     def execute(self, token: str, session_id: str, code: str, timeout_s: float) -> CellResult:
-        tenant_id = self.tokens.tenant_of(token, session_id, time.time())
+        grant = self.tokens.grant_of(token, session_id, time.time())
+        if grant.key_id in self.revoked:
+            raise Unauthorized("the API key this direct token was minted with is revoked")
+        tenant_id = grant.tenant_id
         started = time.time()
         try:
             result = self.host.execute(session_id, code, timeout_s)

@@ -197,7 +197,7 @@ class SessionService:
         session = self._running(who, session_id)
         worker = self._worker_of(session)
         expires = int(time.time() + DIRECT_TTL_S)
-        token = self.direct_tokens.mint(session.id, session.tenant_id, expires)
+        token = self.direct_tokens.mint(session.id, session.tenant_id, who.key_id, expires)
         return DirectAccess(f"{worker.url}/direct/sessions/{session.id}/execute", token, expires)
 
     def cells(

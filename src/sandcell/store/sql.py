@@ -495,6 +495,11 @@ class SqlStore:
             )
         return result.rowcount == 1
 
+    def revoked_key_ids(self, since: float) -> list[str]:
+        query = select(api_keys.c.id).where(api_keys.c.revoked_at >= since)
+        with self._read() as conn:
+            return list(conn.execute(query).scalars())
+
     # input files
 
     def add_file(self, stored: StoredFile) -> None:
