@@ -31,8 +31,8 @@ _FORGET = delete(session_cells).where(
 
 def add(conn: Connection, cell: SessionCell, keep: int) -> SessionCell:
     key = {"session": cell.session_id}
-    count = conn.execute(_TOUCH, key | {"tenant": cell.tenant_id, "at": cell.finished_at})
-    executions = count.scalar_one_or_none()
+    touched = conn.execute(_TOUCH, key | {"tenant": cell.tenant_id, "at": cell.finished_at})
+    executions = touched.scalar_one_or_none()
     if executions is None:
         raise NotFound("no such session")
     numbered = replace(cell, seq=int(executions))
