@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from sandcell.remote.session_client import IDLE_POOL, NODELAY, TOKEN_HEADER
+from sandcell.remote.session_client import IDLE_POOL, NODELAY, TOKEN_HEADER, worker_transport
 
 ADMIN = "bench-admin-key-0123456789abcdef"
 READY_TIMEOUT_S = 180
@@ -103,5 +103,4 @@ def worker_client(data_dir: Path) -> httpx.Client:
     with sqlite3.connect(data_dir / "sandcell.db") as db:
         [(url,)] = db.execute("SELECT url FROM workers WHERE url IS NOT NULL").fetchall()
     token = (data_dir / "internal.token").read_text().strip()
-    transport = httpx.HTTPTransport(socket_options=[NODELAY], limits=IDLE_POOL)
-    return httpx.Client(base_url=url, headers={TOKEN_HEADER: token}, transport=transport)
+    return httpx.Client(base_url=url, headers={TOKEN_HEADER: token}, transport=worker_transport())
