@@ -44,6 +44,7 @@ def pooled(bwrap: BwrapRuntime) -> Iterator[PooledRuntime]:
     pool.close()  # destroys the warm ones, the one being booted too
     cgroups = Path("/sys/fs/cgroup/pids", bwrap.cgroup_parent)
     assert list(bwrap.sandboxes_dir.glob("pool-*")) == list(cgroups.glob("pool-*")) == []
+    bwrap.uids.verify()
     assert bwrap.uids.free() == bwrap.uids.count  # every warm one's uid came back
 
 

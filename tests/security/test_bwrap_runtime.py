@@ -26,7 +26,7 @@ from sandcell.domain.states import Reason
 from sandcell.ports.egress import EgressAttachment
 from sandcell.ports.runtime import SandboxSpec
 from sandcell.runtime.bundle import NOFILE
-from sandcell.runtime.bwrap import BwrapRuntime
+from sandcell.runtime.bwrap import UID_BASE, BwrapRuntime, UidPool
 from sandcell.runtime.bwrap_run import processes_of_uid
 from sandcell.runtime.cgroups import CONTROLLERS
 from sandcell.runtime.reap import mounts_under
@@ -310,7 +310,7 @@ import sys, threading
 from pathlib import Path
 from sandcell.domain.limits import Limits
 from sandcell.ports.runtime import InputFile, SandboxSpec
-from sandcell.runtime.bwrap import BwrapRuntime
+from sandcell.runtime.bwrap import UID_BASE, BwrapRuntime, UidPool
 from sandcell.runtime.images import FilesystemImageCatalog
 from tests.integration.conftest import RecordingSink
 
@@ -343,6 +343,30 @@ def test_reap_removes_everything_a_killed_worker_left(bwrap: BwrapRuntime) -> No
     assert_released(runtime, sandbox_id)
     assert not processes_of_uid(runtime.uids.first)
     assert runtime.reap() == []
+
+
+def test_a_uid_a_process_still_runs_as_is_never_handed_out_again() -> None:
+    """The /proc scan behind UidPool, against a real process of the uid: as if one had got out
+    of its sandbox's cgroup, or an earlier worker had left it."""
+    first = UID_BASE - 16  # below every runtime's range: nothing else runs as these
+    pool = UidPool(first, 3)
+    escaped, clean = pool.take(), pool.take()
+    as_uid = ("setpriv", f"--reuid={escaped}", f"--regid={escaped}", "--clear-groups")
+    proc = subprocess.Popen([*as_uid, "sleep", "60"])
+    try:
+        deadline = time.monotonic() + 10
+        while processes_of_uid(escaped) != [proc.pid] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert processes_of_uid(escaped) == [proc.pid]
+        pool.give_back(escaped)
+        pool.give_back(clean)
+        pool.verify()
+        assert pool.quarantined == {escaped}
+        assert [pool.take(), pool.take()] == [first + 2, clean]
+        assert UidPool(first, 3).take() == first + 1  # a new worker's pool skips it too
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_close_removes_the_parent_cgroup(bwrap: BwrapRuntime, python_image: Image) -> None:

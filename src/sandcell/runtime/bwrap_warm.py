@@ -32,7 +32,6 @@ from sandcell.runtime.bwrap_run import (
     cgroup_limits,
     launcher,
     memfd_with,
-    processes_of_uid,
     teardown_scratch,
 )
 from sandcell.runtime.cgroups import SandboxCgroup
@@ -133,12 +132,8 @@ class BwrapWarmFactory:
         elif not warm.cgroup.remove():
             problems.append(f"cgroup {warm.cgroup.relpath}")
         problems += teardown_scratch(warm.scratch)
-        if warm.uid is not None:
-            left = processes_of_uid(warm.uid)
-            if left:
-                problems.append(f"processes of uid {warm.uid}: {left}")
-            elif not problems:
-                self.runtime.uids.give_back(warm.uid)
+        if warm.uid is not None and not problems:
+            self.runtime.uids.give_back(warm.uid)
         return problems
 
     def fit(self, warm: WarmSandbox, limits: Limits) -> None:
