@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from sandcell.domain.errors import SandcellError
+
 TEXT_CHARS = 256 * 1024  # code, stdout, stderr, result, each error field
 CELL_CHARS = 2 * 1024 * 1024  # the whole stored cell, rich outputs included
 KEEP_CELLS = 100  # the newest cells kept per session
@@ -163,3 +165,8 @@ def failed_outcome(events: list[dict[str, Any]], failure: dict[str, Any]) -> dic
     error = {"ename": str(failure.get("type", "Error")), "evalue": str(failure.get("detail", ""))}
     text = {name: "".join(parts) for name, parts in streams.items()}
     return text | {"display": display, "error": error | {"traceback": []}}
+
+
+def error_outcome(exc: SandcellError, events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A cell that `exc` ended outside the kernel, after streaming `events`."""
+    return failed_outcome(events, {"type": type(exc).__name__, "detail": exc.detail})

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sandcell.domain.cells import CELL_CHARS, KEEP_CELLS, failed_outcome, recorded_cell
+from sandcell.domain.cells import CELL_CHARS, KEEP_CELLS, error_outcome, recorded_cell
 from sandcell.domain.errors import Conflict, SandcellError, Unauthorized
 from sandcell.ports.session_hosts import SessionHost
 from sandcell.ports.sessions import CellResult
@@ -147,8 +147,7 @@ class DirectCells:
         except Conflict:
             raise  # not running here: nothing ran, nothing to record
         except SandcellError as exc:
-            failure = failed_outcome([], {"type": type(exc).__name__, "detail": exc.detail})
-            self._record(session_id, tenant_id, code, failure, started)
+            self._record(session_id, tenant_id, code, error_outcome(exc, []), started)
             raise
         self._record(session_id, tenant_id, code, result, started)
         return result

@@ -8,7 +8,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from sandcell.domain.cells import CELL_CHARS, KEEP_CELLS, SessionCell, failed_outcome
+from sandcell.domain.cells import (
+    CELL_CHARS,
+    KEEP_CELLS,
+    SessionCell,
+    error_outcome,
+    failed_outcome,
+)
 from sandcell.domain.errors import (
     Conflict,
     FieldError,
@@ -155,7 +161,7 @@ class SessionService:
         try:
             result = host.execute(session.id, code, timeout_s)
         except SandcellError as exc:
-            self._record(session, code, _failure(exc, []), started)
+            self._record(session, code, error_outcome(exc, []), started)
             raise
         self._record(session, code, result, started)
         return result
@@ -184,7 +190,7 @@ class SessionService:
                 if kind != "event":
                     return  # the last item of a cell
         except SandcellError as exc:
-            self._record(session, code, _failure(exc, events), started)
+            self._record(session, code, error_outcome(exc, events), started)
             raise
 
     def _record(self, session: Session, code: str, outcome: dict[str, Any], started: float) -> None:
@@ -287,7 +293,3 @@ class SessionService:
             raise RuntimeUnavailable("no worker is available to run sessions")
         same = [w for w in workers if w.id == prefer_host_of]
         return (same or workers)[0]
-
-
-def _failure(exc: SandcellError, events: list[dict[str, Any]]) -> dict[str, Any]:
-    return failed_outcome(events, {"type": type(exc).__name__, "detail": exc.detail})
