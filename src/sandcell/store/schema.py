@@ -41,6 +41,7 @@ api_keys = Table(
     Column("scopes", JSON, nullable=False),
     Column("created_at", Float, nullable=False),
     Column("revoked_at", Float),
+    Index("api_keys_by_revoked", "revoked_at"),  # workers ask for the recently revoked ones
 )
 
 files = Table(
