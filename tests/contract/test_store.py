@@ -117,6 +117,19 @@ def test_concurrent_claims_never_hand_one_job_to_two_workers(store: SqlStore) ->
     assert len(claimed) == 20 and len(set(claimed)) == 20
 
 
+def test_a_job_past_its_expiry_is_never_claimed_even_before_it_is_ended(
+    store: SqlStore,
+) -> None:
+    tenant = _tenant(store)
+    now = time.time()
+    expired = store.add_job(replace(_job(tenant), expires_at=now - 1), None)
+    later = store.add_job(replace(_job(tenant), expires_at=now + 60), None)
+    claimed = store.claim_next("w1", now, 30)
+    assert claimed is not None and claimed.id == later.id
+    assert store.claim_next("w1", now, 30) is None
+    assert store.expire_unstarted(now) == [expired.id]
+
+
 def test_fencing_refuses_writes_from_a_worker_that_lost_its_lease(store: SqlStore) -> None:
     tenant = _tenant(store)
     store.add_job(_job(tenant), None)
