@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from sandcell.domain.errors import StaleLease
+from sandcell.domain.records import WorkerInfo
 from sandcell.domain.states import JobState
 from sandcell.ports.runtime import EarlySink, SandboxResult, SandboxSink, SandboxSpec
 from sandcell.services import files
@@ -206,6 +207,33 @@ def test_expired_jobs_fail_with_expired(api: Api) -> None:
     _worker(api).housekeeping()
     record = api.http.get(f"/v1/jobs/{job['id']}", headers=alice).json()
     assert (record["state"], record["reason"]) == ("failed", "expired")
+
+
+def test_expiries_are_looked_at_every_second_and_other_workers_leftovers_thrice_a_lease(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = api.services.store
+    calls = {"expire_unstarted": 0, "fail_lost_jobs": 0, "fail_orphan_sessions": 0}
+    for name in calls:
+
+        def counted(
+            *args: object, _name: str = name, _real: object = getattr(store, name)
+        ) -> object:
+            calls[_name] += 1
+            return _real(*args)  # type: ignore[operator]
+
+        monkeypatch.setattr(store, name, counted)
+    config = WorkerConfig("wrk_sweeps", lease_s=15, housekeeping_s=1.0)
+    worker = Worker(store, api.blobs, HostProcessRuntime(), FakeImages("python"), config)
+    info = WorkerInfo("wrk_sweeps", "host", "fake", "1", time.time())
+    clock = {"now": 1000.0}
+    monkeypatch.setattr(
+        worker_module, "time", SimpleNamespace(**(vars(time) | {"monotonic": lambda: clock["now"]}))
+    )
+    for _ in range(12):  # 12 s: a lease of 15 s is swept every 5 s
+        worker._tick(info)
+        clock["now"] += 1.0
+    assert calls == {"expire_unstarted": 12, "fail_lost_jobs": 3, "fail_orphan_sessions": 3}
 
 
 def test_idempotency_keys_replay_for_a_day_and_are_purged_after_the_ttl(

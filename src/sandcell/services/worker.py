@@ -62,6 +62,12 @@ from sandcell.services.stages import StageRecorder, restored_outputs
 log = logging.getLogger("sandcell.worker")
 T = TypeVar("T")
 
+# The sweeps for what other workers left (their lost jobs and sessions) and for idempotency
+# keys past their TTL run a few times per lease, not every second: every worker runs them,
+# and an idle worker spent half its CPU on them. A lost job is failed within a third of a
+# lease after its lease ran out.
+SWEEPS_PER_LEASE = 3
+
 BASE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/workspace",
@@ -78,7 +84,7 @@ class WorkerConfig:
     lease_s: float = 15.0
     heartbeat_s: float = 2.0
     poll_s: float = 1.0  # the fallback claim poll; a submit wakes the worker through notifications
-    housekeeping_s: float = 1.0  # expiries, lost jobs, session reaping, the worker's heartbeat
+    housekeeping_s: float = 1.0  # the worker's heartbeat, expiries, session reaping
     idempotency_ttl_s: float = 48 * 3600
     drain_s: float = 30.0
     url: str | None = None  # this worker's internal session endpoint, if it hosts sessions
@@ -116,7 +122,7 @@ class Worker:
         self._lock = threading.Lock()
         self._cancels: dict[str, threading.Event] = {}
         self._shutdown = threading.Event()
-        self._next_housekeeping = 0.0
+        self._next_housekeeping = self._next_sweep = 0.0
         self.leases = LeaseKeeper(store, self.notifier, config.lease_s, config.heartbeat_s)
         self.stop_mode: StopMode | None = None  # an operator's drain/stop request, once read
 
@@ -183,11 +189,15 @@ class Worker:
     def _tick(self, info: WorkerInfo) -> Job | None:
         """Housekeeping every `housekeeping_s`; then a claim, if a slot is free."""
         self._wake.clear()  # before the claim: a submit from now on wakes the next wait
-        if time.monotonic() >= self._next_housekeeping:
+        now = time.monotonic()
+        if now >= self._next_housekeeping:
             self.store.worker_seen(self._with_pools(info), time.time())
             self._read_stop_request(info.id)
-            self.housekeeping()
+            sweep = now >= self._next_sweep
+            self.housekeeping(sweep)
             self._next_housekeeping = time.monotonic() + self.config.housekeeping_s
+            if sweep:
+                self._next_sweep = now + self.config.lease_s / SWEEPS_PER_LEASE
         return self._claim() if self._free_slot() and self.stop_mode is None else None
 
     def _drain(self, info: WorkerInfo) -> None:
@@ -246,20 +256,26 @@ class Worker:
                 self._running += 1
         return job
 
-    def housekeeping(self) -> None:
+    def housekeeping(self, sweep: bool = True) -> None:
+        """Jobs not started in time, and this worker's sessions past their time; with
+        `sweep`, also what other workers left behind and idempotency keys past their TTL."""
         now = time.time()
-        self.store.purge_idempotency_keys(now - self.config.idempotency_ttl_s)
         for job_id in self.store.expire_unstarted(now):
             log.info("job %s expired before it started", job_id)
             self.notifier.notify(JOB_DONE, job_id)
+        if sweep:
+            self._sweep(now)
+        if self.sessions is not None:
+            self.sessions.reap(now)
+
+    def _sweep(self, now: float) -> None:
+        self.store.purge_idempotency_keys(now - self.config.idempotency_ttl_s)
         for job_id in self.store.fail_lost_jobs(now):
             log.warning("job %s lost its worker", job_id)
             self.notifier.notify(JOB_DONE, job_id)
         live = [w.id for w in self.store.live_workers(now - self.config.lease_s)]
         for session_id in self.store.fail_orphan_sessions(live, now):
             log.warning("session %s lost its worker", session_id)
-        if self.sessions is not None:
-            self.sessions.reap(now)
 
     def _run_guarded(self, job: Job) -> None:
         try:
