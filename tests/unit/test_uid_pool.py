@@ -54,6 +54,20 @@ def test_a_uid_still_in_use_after_its_release_is_never_handed_out_again() -> Non
         pool.take()
 
 
+def test_the_uids_of_running_sandboxes_are_not_suspects() -> None:
+    scan = Scan()
+    pool = UidPool(100, 3, scan=scan)
+    running, released = pool.take(), pool.take()
+    scan.running[running] = [4242]  # its sandbox is still running
+    pool.give_back(released)
+    pool.verify()
+    assert pool.quarantined == set() and pool.free() == 2
+    del scan.running[running]
+    pool.give_back(running)
+    pool.verify()
+    assert pool.quarantined == set() and pool.free() == 3
+
+
 def test_a_uid_left_running_by_an_earlier_worker_is_never_handed_out() -> None:
     scan = Scan()
     scan.running[100] = [77]

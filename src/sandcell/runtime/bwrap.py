@@ -124,12 +124,15 @@ class UidPool:
 
     def _verify(self) -> None:
         running = self._scan(self.first, self.count)
+        # The uids of running sandboxes have processes, rightly; only the released ones (and,
+        # before the first take, every uid: none is ours yet) must have none.
+        suspects = set(self._released) if self._scanned else set(running)
         self._scanned = True
         for uid in self._released:
             if uid not in running:
                 self._free.append(uid)
         self._released.clear()
-        for uid in running.keys() - self.quarantined:
+        for uid in suspects & running.keys():
             log.error(
                 "processes %s run as sandbox uid %d: it is never handed out again",
                 running[uid],
