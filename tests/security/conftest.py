@@ -19,6 +19,7 @@ from sandcell.domain.limits import Limits
 from sandcell.ports.egress import EgressAttachment
 from sandcell.ports.runtime import InputFile, SandboxResult, SandboxSpec
 from sandcell.runtime.bwrap import BwrapRuntime
+from sandcell.runtime.bwrap_run import processes_by_uid
 from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.images import build_image
 from sandcell.runtime.scratch import attached_loops
@@ -143,6 +144,11 @@ def run_bwrap(bwrap: BwrapRuntime, python_image: Image, request: pytest.FixtureR
 
 def cgroup_relpath(runtime: AnyRuntime, sandbox_id: str) -> str:
     return f"{runtime.cgroup_parent}/{sandbox_id}"
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Live host processes whose real uid is `uid`."""
+    return processes_by_uid(uid, 1).get(uid, [])
 
 
 def processes_in_cgroup(relpath: str) -> list[int]:

@@ -14,7 +14,6 @@ from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult, SandboxSpec
 from sandcell.runtime.bwrap import BwrapRuntime
-from sandcell.runtime.bwrap_run import processes_of_uid
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.runtime.pool import PoolConfig, WarmPool
 from sandcell.runtime.pooled import PooledRuntime, warm_factory
@@ -28,7 +27,7 @@ from tests.pool_jobs import (
     like_cold_stdout,
     spec_for,
 )
-from tests.security.conftest import assert_released
+from tests.security.conftest import assert_released, processes_of_uid
 
 pytestmark = pytest.mark.bwrap
 WAIT_S = 30.0

@@ -27,11 +27,15 @@ from sandcell.ports.egress import EgressAttachment
 from sandcell.ports.runtime import SandboxSpec
 from sandcell.runtime.bundle import NOFILE
 from sandcell.runtime.bwrap import UID_BASE, BwrapRuntime, UidPool
-from sandcell.runtime.bwrap_run import processes_of_uid
 from sandcell.runtime.cgroups import CONTROLLERS
 from sandcell.runtime.reap import mounts_under
 from tests.integration.conftest import GUEST_ENV, IMAGE_DIR, RecordingSink
-from tests.security.conftest import RunCode, assert_released, processes_in_cgroup
+from tests.security.conftest import (
+    RunCode,
+    assert_released,
+    processes_in_cgroup,
+    processes_of_uid,
+)
 
 pytestmark = pytest.mark.bwrap
 
@@ -310,7 +314,7 @@ import sys, threading
 from pathlib import Path
 from sandcell.domain.limits import Limits
 from sandcell.ports.runtime import InputFile, SandboxSpec
-from sandcell.runtime.bwrap import UID_BASE, BwrapRuntime, UidPool
+from sandcell.runtime.bwrap import BwrapRuntime
 from sandcell.runtime.images import FilesystemImageCatalog
 from tests.integration.conftest import RecordingSink
 

@@ -172,11 +172,6 @@ def memfd_with(name: str, data: bytes) -> int:
     return fd
 
 
-def processes_of_uid(uid: int) -> list[int]:
-    """Live host processes whose real uid is `uid`."""
-    return processes_by_uid(uid, 1).get(uid, [])
-
-
 def processes_by_uid(first: int, count: int) -> dict[int, list[int]]:
     """Live host processes whose real uid is in [first, first + count), by uid: one read of
     every status file, whatever the number of uids asked about.
