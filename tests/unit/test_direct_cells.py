@@ -3,6 +3,7 @@
 import time
 from datetime import datetime
 from typing import Any
+from unittest.mock import ANY
 
 import pytest
 from fastapi.testclient import TestClient
@@ -105,10 +106,17 @@ def test_direct_cells_refuse_a_missing_wrong_or_stale_token_and_hostile_bodies(a
     big = b'{"code": "x = ' + b"1" * 300_000 + b'", "timeout_s": 5}'
     relayed = worker.post(f"/internal/sessions/{other}/execute", content=big, headers=internal)
     assert relayed.status_code == 200, relayed.text  # the guard is the direct paths' alone
-    for body in ({}, {"code": "1", "timeout_s": -1}, {"code": "1", "extra": 1}):
-        answer = worker.post(url, json=body, headers=bearer)
+    invalid = [
+        (b"{}", "code"),
+        (b'{"code": "1", "timeout_s": -1}', "timeout_s"),
+        (b'{"code": "1", "extra": 1}', "extra"),
+        (b"not json", "body"),
+    ]
+    for body, field in invalid:
+        answer = worker.post(url, content=body, headers=bearer)
         assert answer.status_code == 422, answer.text
         assert answer.headers["content-type"] == "application/problem+json"
+        assert answer.json()["errors"][0] == {"field": field, "in": "body", "message": ANY}
     deep = worker.post(url, content=b"[" * 100 + b"]" * 100, headers=bearer)
     assert deep.status_code == 422, deep.text
     assert api.http.delete(f"/v1/sessions/{mine}", headers=alice).status_code == 200
