@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from sandcell.api import problems
 from sandcell.api.schemas import ExecuteIn, ExecuteOut
+from sandcell.api.views import rendered
 from sandcell.services.direct_cells import DirectCells
 
 PREFIX = "/direct/"
@@ -39,8 +40,7 @@ async def execute(request: Request) -> Response:
     token = token.strip() if scheme.lower() == "bearer" else ""
     session_id = request.path_params["session_id"]
     result = await run_in_threadpool(cells.execute, token, session_id, body.code, body.timeout_s)
-    answer = ExecuteOut.model_validate(result).model_dump_json()
-    return Response(answer, media_type="application/json")
+    return rendered(ExecuteOut.model_validate(result))
 
 
 def install_direct(app: FastAPI, cells: DirectCells, max_json_bytes: int, max_depth: int) -> None:

@@ -25,7 +25,7 @@ from sandcell.api.schemas import (
     SessionOut,
     SessionPage,
 )
-from sandcell.api.views import iso
+from sandcell.api.views import iso, rendered
 from sandcell.domain.cells import KEEP_CELLS, SessionCell
 from sandcell.domain.errors import PayloadTooLarge
 from sandcell.domain.sessions import Session
@@ -84,7 +84,7 @@ def session_out(session: Session) -> SessionOut:
 @router.post(
     "/sessions", status_code=201, response_model=SessionOut, responses=problem_responses(404, 429)
 )
-def create_session(svc: Svc, who: Caller, body: SessionIn) -> SessionOut:
+def create_session(svc: Svc, who: Caller, body: SessionIn) -> Response:
     request = SessionRequest(
         image=body.image,
         limits=body.limits.model_dump(exclude_none=True),
@@ -94,7 +94,7 @@ def create_session(svc: Svc, who: Caller, body: SessionIn) -> SessionOut:
         idle_timeout_s=body.idle_timeout_s,
         ttl_s=body.ttl_s,
     )
-    return session_out(svc.sessions.create(who, request))
+    return rendered(session_out(svc.sessions.create(who, request)), 201)
 
 
 @router.get("/sessions", response_model=SessionPage)
@@ -123,7 +123,9 @@ def execute(svc: Svc, who: Caller, session_id: str, body: ExecuteIn, request: Re
     if "text/event-stream" in request.headers.get("accept", ""):
         items = svc.sessions.execute_stream(who, session_id, body.code, body.timeout_s)
         return StreamingResponse(_sse(items), media_type="text/event-stream")
-    return svc.sessions.execute(who, session_id, body.code, body.timeout_s)
+    return rendered(
+        ExecuteOut.model_validate(svc.sessions.execute(who, session_id, body.code, body.timeout_s))
+    )
 
 
 def _sse(items: Iterator[tuple[str, dict[str, Any]]]) -> Iterator[str]:
