@@ -316,6 +316,23 @@ def test_output_is_capped_and_a_kernel_that_exits_ends_the_session(
     assert_session_released(runtime, live)
 
 
+def test_a_cell_that_closes_stdout_and_stderr_leaves_the_kernel_idle(
+    runtime: GVisorSessionRuntime, new_spec: Callable[..., SessionSpec]
+) -> None:
+    live = runtime.start(new_spec())
+    cell(live, "import os, resource, time\nos.close(1)\nos.close(2)")
+    measured = (
+        "t = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "time.sleep(1)\n"
+        "u = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "(u.ru_utime + u.ru_stime) - (t.ru_utime + t.ru_stime)"
+    )
+    # The output pumps see end of file on their pipes; spinning on it took a whole core.
+    assert float(cell(live, measured)["result"]) < 0.3
+    assert cell(live, "2 * 21")["result"] == "42"
+    assert live.stop()
+
+
 def test_reap_after_a_crash_removes_sandboxes_and_keeps_volumes(
     runtime: GVisorSessionRuntime, new_spec: Callable[..., SessionSpec], tmp_path: Path
 ) -> None:

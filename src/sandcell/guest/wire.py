@@ -71,13 +71,15 @@ class Channel:
 class OutputPump:
     """Reads one of fds 1/2 (through its pipe) and hands the text to `sink`.
 
-    It reads only while holding `lock`, so `drain` can tell "the pipe is empty and every byte
-    read from it was handed on" from "a read is in flight".
+    It reads only while holding `handed_on`, and wakes its waiters after each read, so `drain`
+    can tell "the pipe is empty and every byte read from it was handed on" from "a read is in
+    flight", and learns of each read at once (a poll would add its period to every cell that
+    prints).
     """
 
     def __init__(self, name: str, read_fd: int, sink: OutputSink) -> None:
         self.name, self.fd, self.sink = name, read_fd, sink
-        self.lock = threading.Lock()
+        self.handed_on = threading.Condition(threading.Lock())
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         os.set_blocking(read_fd, False)
         threading.Thread(target=self._loop, name=f"pump-{name}", daemon=True).start()
@@ -85,25 +87,33 @@ class OutputPump:
     def drain(self, timeout_s: float) -> bool:
         """Wait until everything written so far went to the sink; False on timeout."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            with self.lock:
-                if pending_bytes(self.fd) == 0:
-                    return True
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.001)
+        if not self.handed_on.acquire(timeout=timeout_s):
+            return False  # a read is still being handed on (its sink is blocked)
+        try:
+            while pending_bytes(self.fd):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.handed_on.wait(left)
+            return True
+        finally:
+            self.handed_on.release()
 
     def _loop(self) -> None:
         while True:
             select.select([self.fd], [], [])
-            with self.lock:
+            with self.handed_on:
                 try:
                     data = os.read(self.fd, CHUNK)
                 except BlockingIOError:
                     continue
+                if not data:  # every write end is closed (the user closed fd 1): none will come
+                    self.handed_on.notify_all()
+                    return
                 text = self.decoder.decode(data)
                 if text:
                     self.sink(self.name, text)
+                self.handed_on.notify_all()
 
 
 def capture(fd: int) -> int:
