@@ -39,6 +39,9 @@ def test_drain_gives_up_at_its_timeout_while_output_keeps_coming() -> None:
     data = b"x" * (48 * CHUNK)
     writer = threading.Thread(target=os.write, args=(write_end, data))
     writer.start()
+    deadline = time.monotonic() + 10
+    while not received and time.monotonic() < deadline:  # the writer has begun
+        time.sleep(0.001)
     assert not pump.drain(0.2)
     writer.join(30)
     assert pump.drain(30)
