@@ -126,6 +126,7 @@ def main() -> None:
             paused = _pause_resume(bench, args.cycles)
         finally:
             bench.runtime.reap()
+            bench.runtime.close()  # its parent cgroup, which the worker removes on its way out
     cold = summary(cold_runsc(bench.image.rootfs, args.cold_runs))
     report = {
         "execute_1+1_round_trip_ms": trips,
