@@ -13,6 +13,7 @@ pydantic models. The internal server publishes no schema, so nothing is lost by 
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from fastapi.security.utils import get_authorization_scheme_param
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
@@ -36,8 +37,8 @@ async def execute(request: Request) -> Response:
             [{**err, "loc": ("body", *err["loc"])} for err in exc.errors()]
         ) from exc
     cells: DirectCells = request.app.state.direct_cells
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    token = token.strip() if scheme.lower() == "bearer" else ""
+    scheme, token = get_authorization_scheme_param(request.headers.get("authorization"))
+    token = token if scheme.lower() == "bearer" else ""
     session_id = request.path_params["session_id"]
     result = await run_in_threadpool(cells.execute, token, session_id, body.code, body.timeout_s)
     return rendered(ExecuteOut.model_validate(result))
