@@ -115,6 +115,43 @@ def test_json_display(session: GVisorSession) -> None:
     assert {"mime": "application/json", "data": '{"k": [1]}'} in result["display"]
 
 
+def test_plain_results_are_text_unless_a_printer_or_method_renders_them(
+    session: GVisorSession,
+) -> None:
+    def displays(result: dict[str, Any]) -> dict[str, str]:
+        return {d["mime"]: d["data"] for d in result["display"]}
+
+    plain = cell(session, "[1, 'a', {'k': 2.5}]")
+    assert plain["result"] == "[1, 'a', {'k': 2.5}]" and plain["display"] == []
+    by_type = cell(
+        session,
+        "formatters = get_ipython().display_formatter.formatters\n"
+        "formatters['text/html'].for_type(int, lambda n: f'<b>{n}</b>')\n7",
+    )
+    assert by_type["result"] == "7" and displays(by_type)["text/html"] == "<b>7</b>"
+    by_name = cell(
+        session,
+        "formatters['text/html'].pop(int)\n"
+        "formatters['text/markdown'].for_type_by_name('builtins', 'str', lambda s: f'**{s}**')\n"
+        "'hi'",
+    )
+    assert displays(by_name)["text/markdown"] == "**hi**"
+    for_base = cell(
+        session,
+        "formatters['text/markdown'].pop('builtins.str')\n"
+        "formatters['text/latex'].for_type(object, lambda o: '$x$')\n(1, 2)",
+    )
+    assert for_base["result"] == "(1, 2)" and displays(for_base)["text/latex"] == "$x$"
+    subclass = cell(
+        session,
+        "formatters['text/latex'].pop(object)\n"
+        "class Bold(int):\n    def _repr_html_(self):\n        return f'<b>{int(self)}</b>'\n"
+        "Bold(3)",
+    )
+    assert displays(subclass)["text/html"] == "<b>3</b>"
+    assert cell(session, "8")["display"] == []  # every registration above is gone again
+
+
 def test_an_exception_gives_a_traceback_and_the_session_goes_on(session: GVisorSession) -> None:
     failed = cell(session, "def f():\n    return 1 / 0\nf()")
     error = failed["error"]

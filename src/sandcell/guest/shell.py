@@ -14,6 +14,7 @@ from typing import Any
 
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
+from IPython.core.formatters import DisplayFormatter
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Type
 from traitlets.config import Config
@@ -24,6 +25,9 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")
 BINARY_MIMES = ("image/png", "image/jpeg", "image/gif")
 TEXT_MIMES = ("text/plain", "text/html", "text/markdown", "text/latex", "image/svg+xml")
 DISPLAY_LIMIT = 32 << 20  # characters of rich output per cell
+# Results whose exact type has no `_repr_*_` methods (nor can be given one): only a printer
+# registered for the type itself could render one other than as text.
+PLAIN_TYPES = frozenset((int, float, complex, bool, str, bytes, list, tuple, dict, set, frozenset))
 
 
 class Cell:
@@ -113,11 +117,45 @@ class Publisher(DisplayPublisher):  # type: ignore[misc]
         pass
 
 
+class ResultFormatter(DisplayFormatter):  # type: ignore[misc]
+    """IPython's formatter, asking only the text/plain formatter about a plain result when no
+    other formatter has a printer for it.
+
+    IPython asks all twelve of its formatters about every result, each through a decorator
+    that binds the call's signature anew: 0.14 ms of a `1+1`'s 1.1 ms round trip under gVisor.
+    For an int, a str or a list, every one but text/plain answers None unless a printer was
+    registered for its type, its base types or that very object (`for_type`, or IPython's
+    deferred by-name registrations), which is what `_rich_printer_for` looks for.
+    """
+
+    def format(self, obj: Any, include: Any = None, exclude: Any = None) -> Any:
+        if include or exclude or type(obj) not in PLAIN_TYPES or self._rich_printer_for(obj):
+            return super().format(obj, include, exclude)
+        text = self.formatters["text/plain"](obj)
+        return ({} if text is None else {"text/plain": text}), {}
+
+    def _rich_printer_for(self, obj: Any) -> bool:
+        types = type(obj).__mro__
+        names = [(cls.__module__, cls.__name__) for cls in types]
+        rich = [f for mime, f in self.formatters.items() if mime != "text/plain"]
+        for formatter in (self.ipython_display_formatter, self.mimebundle_formatter, *rich):
+            by_type, by_name = formatter.type_printers, formatter.deferred_printers
+            if id(obj) in formatter.singleton_printers:
+                return True
+            if any(cls in by_type for cls in types) or any(n in by_name for n in names):
+                return True
+        return False
+
+
 class SessionShell(InteractiveShell):  # type: ignore[misc]
     displayhook_class = Type(ResultHook)
     display_pub_class = Type(Publisher)
     channel: Channel
     current: Cell | None = None  # the running cell: where results, displays and errors go
+
+    def init_display_formatter(self) -> None:
+        self.display_formatter = ResultFormatter(parent=self)
+        self.configurables.append(self.display_formatter)
 
     def new_cell(self, request_id: str, output_limit: int) -> Cell:
         self.current = Cell(request_id, output_limit, self.channel)
