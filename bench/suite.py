@@ -240,15 +240,17 @@ def _round_trip(plan: Plan, http: Any, data_dir: Path, sid: str) -> dict[str, An
     def cell() -> None:
         kernel_ms.append(jobs.execute(http, sid, "1+1")["duration_ms"])
 
-    with jobs.direct_client(http, sid) as direct:
+    with jobs.direct_client(http, sid) as (direct, lean):
         # Through the API and straight to the worker (POST /v1/sessions/{id}/direct), turn
         # about: this VM's speed drifts by the minute.
-        via_api, straight = [], []
+        via_api, straight, straight_lean = [], [], []
         for _ in range(plan.cells):
             via_api += timed(cell, 1)
             straight += timed(direct, 1)
+            straight_lean += timed(lean, 1)
     out = {"execute_1+1": summary(via_api), "kernel_1+1": summary(kernel_ms)}
     out["direct_1+1"] = summary(straight)
+    out["direct_1+1_stdlib_client"] = summary(straight_lean)
     out["empty_api_request"] = summary(timed(lambda: http.get("/healthz"), plan.cells))
     with worker_client(data_dir) as worker:
         empty = summary(timed(lambda: worker.get("/internal/none"), plan.cells))
