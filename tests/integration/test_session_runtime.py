@@ -149,6 +149,13 @@ def test_plain_results_are_text_unless_a_printer_or_method_renders_them(
         "Bold(3)",
     )
     assert displays(subclass)["text/html"] == "<b>3</b>"
+    not_ipythons = cell(  # a formatter of the user's own making: only calling it tells
+        session,
+        "markdown = formatters['text/markdown']\n"
+        "formatters['text/markdown'] = lambda obj: f'*{obj}*' if type(obj) is int else None\n5",
+    )
+    assert displays(not_ipythons)["text/markdown"] == "*5*"
+    cell(session, "formatters['text/markdown'] = markdown")
     assert cell(session, "8")["display"] == []  # every registration above is gone again
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
-from IPython.core.formatters import DisplayFormatter
+from IPython.core.formatters import BaseFormatter, DisplayFormatter
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Type
 from traitlets.config import Config
@@ -135,13 +135,15 @@ class ResultFormatter(DisplayFormatter):  # type: ignore[misc]
         return ({} if text is None else {"text/plain": text}), {}
 
     def _rich_printer_for(self, obj: Any) -> bool:
+        """Whether a formatter other than text/plain may render `obj`: it has a printer for
+        it, or it is not one of IPython's own kind (then only asking it would tell)."""
         types = type(obj).__mro__
         names = [(cls.__module__, cls.__name__) for cls in types]
         rich = [f for mime, f in self.formatters.items() if mime != "text/plain"]
         for formatter in (self.ipython_display_formatter, self.mimebundle_formatter, *rich):
-            by_type, by_name = formatter.type_printers, formatter.deferred_printers
-            if id(obj) in formatter.singleton_printers:
+            if not isinstance(formatter, BaseFormatter) or id(obj) in formatter.singleton_printers:
                 return True
+            by_type, by_name = formatter.type_printers, formatter.deferred_printers
             if any(cls in by_type for cls in types) or any(n in by_name for n in names):
                 return True
         return False
