@@ -209,14 +209,16 @@ def test_a_lost_attempt_names_the_sandbox_it_ran_in(store: SqlStore) -> None:
     assert again.sandbox_id is None  # the next attempt has not started anywhere yet
 
 
-def test_a_workers_pool_figures_come_back_with_it(store: SqlStore) -> None:
+def test_a_workers_pool_and_health_figures_come_back_with_it(store: SqlStore) -> None:
     pools = {"jobs": {"ready": {"python": 1}, "memory_bytes": 5, "hits": {"python": 2}}}
-    info = WorkerInfo(new_id("wrk"), "h", "gvisor", "1", time.time(), None, pools)
+    health = {"quarantined_uids": 2}
+    info = WorkerInfo(new_id("wrk"), "h", "bwrap", "1", time.time(), None, pools, health)
     store.worker_seen(info, time.time())
     live = [w for w in store.live_workers(time.time() - 10) if w.id == info.id]
-    assert [w.pools for w in live] == [pools]
-    store.worker_seen(replace(info, pools=None), time.time())
-    assert [w.pools for w in store.live_workers(time.time() - 10) if w.id == info.id] == [None]
+    assert [(w.pools, w.health) for w in live] == [(pools, health)]
+    store.worker_seen(replace(info, pools=None, health=None), time.time())
+    live = [w for w in store.live_workers(time.time() - 10) if w.id == info.id]
+    assert [(w.pools, w.health) for w in live] == [(None, None)]
 
 
 def test_one_live_worker_is_read_by_its_id(store: SqlStore) -> None:

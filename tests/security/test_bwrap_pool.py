@@ -73,6 +73,8 @@ def test_a_pooled_job_runs_like_a_cold_one(pooled: PooledRuntime, python_image: 
     assert sink.stdout == like_cold_stdout()
     assert sink.stderr == "to stderr\n"  # nothing of the runner's imports or its own frames
     assert pooled.name == "bwrap"  # what the job record will name
+    # The heartbeat's report on the host is the base runtime's (its uid quarantine).
+    assert pooled.health_figures() == pooled.base.health_figures() == {"quarantined_uids": 0}
 
 
 def test_a_pooled_job_has_the_cold_jobs_isolation(

@@ -310,3 +310,19 @@ def test_metrics_show_the_warm_pools_of_live_workers_only(api: Api) -> None:
     assert 'sandcell_pool_memory_bytes{kind="jobs",worker="wrk_p"} 3.145728e+06' in text
     assert 'sandcell_pool_memory_limit_bytes{kind="jobs",worker="wrk_p"} 1.073741824e+09' in text
     assert "wrk_gone" not in text
+
+
+def test_metrics_show_each_live_workers_quarantined_sandbox_uids(api: Api) -> None:
+    import time
+
+    from sandcell.domain.records import WorkerInfo
+
+    store = api.services.store
+    store.worker_seen(WorkerInfo("wrk_b", "h", "bwrap", "1", 0, health={"quarantined_uids": 2}), 0)
+    store.worker_seen(
+        WorkerInfo("wrk_b", "h", "bwrap", "1", 0, health={"quarantined_uids": 2}), time.time()
+    )
+    store.worker_seen(WorkerInfo("wrk_g", "h", "gvisor", "1", 0), time.time())  # reports none
+    text = api.http.get("/metrics/").text
+    assert 'sandcell_sandbox_uids_quarantined{worker="wrk_b"} 2.0' in text
+    assert 'sandcell_sandbox_uids_quarantined{worker="wrk_g"}' not in text

@@ -58,6 +58,7 @@ class StoreCollector(Collector):
         live = self.store.live_workers(time.time() - LIVE_WORKER_S)
         yield GaugeMetricFamily("sandcell_workers_live", "Workers seen recently", len(live))
         yield from pool_metrics(live)
+        yield health_metric(live)
 
 
 # Per image, from each live worker's last heartbeat: (figure, metric, help, kind of metric).
@@ -99,6 +100,19 @@ def pool_metrics(workers: list[WorkerInfo]) -> Iterator[Metric]:
         budget.add_metric([worker_id, pool_kind], float(figures.get("memory_limit_bytes", 0)))
     yield memory
     yield budget
+
+
+def health_metric(workers: list[WorkerInfo]) -> Metric:
+    """What each live worker's runtime reported of its host (bwrap's uid quarantine)."""
+    quarantined = GaugeMetricFamily(
+        "sandcell_sandbox_uids_quarantined",
+        "Sandbox uids a process still ran as after its sandbox's release; never used again",
+        labels=["worker"],
+    )
+    for worker in workers:
+        if worker.health and "quarantined_uids" in worker.health:
+            quarantined.add_metric([worker.id], float(worker.health["quarantined_uids"]))
+    return quarantined
 
 
 def registry_for(store: Store) -> tuple[CollectorRegistry, Histogram]:

@@ -125,6 +125,9 @@ class WorkerInfo:
     # The worker's warm pools as of its last report (see runtime/pool.py `figures`), by kind
     # ("jobs", "sessions"); None when it has none. Read by /metrics in any process.
     pools: dict[str, Any] | None = None
+    # What the worker's runtime reports of its host (ports.runtime.HealthReporter); None when
+    # it reports nothing.
+    health: dict[str, int] | None = None
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,17 @@ class PoolReporter(Protocol):
 
 
 @runtime_checkable
+class HealthReporter(Protocol):
+    """A runtime that reports on its host; the worker's heartbeat publishes these.
+
+    Figures, JSON-safe counts: {"quarantined_uids": n}, the sandbox uids a process was still
+    running as after its sandbox's release (bwrap), each never handed out again.
+    """
+
+    def health_figures(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
 class PlacedSink(Protocol):
     """A sink that wants to know when its sandbox is not `spec.sandbox_id` (a warm one)."""
 

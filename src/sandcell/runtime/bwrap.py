@@ -122,6 +122,10 @@ class UidPool:
         with self._lock:
             return len(self._free)
 
+    def quarantined_count(self) -> int:
+        with self._lock:
+            return len(self.quarantined)
+
     def _verify(self) -> None:
         running = self._scan(self.first, self.count)
         # The uids of running sandboxes have processes, rightly; only the released ones (and,
@@ -159,6 +163,9 @@ class BwrapRuntime:
         self.uids = UidPool(UID_BASE + block * UID_BLOCK, UID_BLOCK)
         self._version: str | None = None
         self._seccomp: bytes | None = None
+
+    def health_figures(self) -> dict[str, int]:
+        return {"quarantined_uids": self.uids.quarantined_count()}
 
     def version(self) -> str:
         if self._version is None:

@@ -10,7 +10,13 @@ import threading
 from typing import Any, Protocol, runtime_checkable
 
 from sandcell.domain.limits import Limits
-from sandcell.ports.runtime import PlacedSink, SandboxResult, SandboxSink, SandboxSpec
+from sandcell.ports.runtime import (
+    HealthReporter,
+    PlacedSink,
+    SandboxResult,
+    SandboxSink,
+    SandboxSpec,
+)
 from sandcell.runtime.bwrap import BwrapRuntime
 from sandcell.runtime.bwrap_warm import BwrapWarmFactory
 from sandcell.runtime.gvisor import SANDBOX_ID, GVisorRuntime
@@ -79,6 +85,9 @@ class PooledRuntime:
 
     def pool_figures(self) -> dict[str, Any]:
         return self.pool.figures()
+
+    def health_figures(self) -> dict[str, int]:
+        return self.base.health_figures() if isinstance(self.base, HealthReporter) else {}
 
     def reap(self) -> list[str]:
         """Destroy the warm sandboxes, remove a crash's leftovers, then start filling again."""

@@ -45,6 +45,7 @@ from sandcell.ports.runtime import (
     Closeable,
     GuestChannelHandle,
     GuestChannels,
+    HealthReporter,
     InputFile,
     PoolReporter,
     Runtime,
@@ -191,7 +192,7 @@ class Worker:
         self._wake.clear()  # before the claim: a submit from now on wakes the next wait
         now = time.monotonic()
         if now >= self._next_housekeeping:
-            self.store.worker_seen(self._with_pools(info), time.time())
+            self.store.worker_seen(self._with_figures(info), time.time())
             self._read_stop_request(info.id)
             sweep = now >= self._next_sweep
             self.housekeeping(sweep)
@@ -230,16 +231,18 @@ class Worker:
             return
         self._next_housekeeping = time.monotonic() + 1.0
         with contextlib.suppress(StoreUnavailable):
-            self.store.worker_seen(self._with_pools(info), time.time())
+            self.store.worker_seen(self._with_figures(info), time.time())
             self._read_stop_request(info.id)
 
-    def _with_pools(self, info: WorkerInfo) -> WorkerInfo:
-        """The heartbeat carries the warm pools' figures, for /metrics in any process."""
+    def _with_figures(self, info: WorkerInfo) -> WorkerInfo:
+        """The heartbeat carries the warm pools' figures and the runtime's report on the host,
+        for /metrics in any process."""
         pools: dict[str, Any] = {}
         for kind, source in (("jobs", self.runtime), ("sessions", self.sessions)):
             if isinstance(source, PoolReporter) and (figures := source.pool_figures()):
                 pools[kind] = figures
-        return replace(info, pools=pools or None)
+        health = self.runtime.health_figures() if isinstance(self.runtime, HealthReporter) else {}
+        return replace(info, pools=pools or None, health=health or None)
 
     def _free_all(self) -> bool:
         with self._lock:

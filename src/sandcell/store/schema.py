@@ -136,6 +136,7 @@ workers = Table(
     Column("stop_mode", String(16)),  # an operator's drain/stop request, read by the worker
     Column("stop_requested_at", Float),
     Column("pools", JSON),  # the worker's warm-pool figures, refreshed with its heartbeat
+    Column("health", JSON),  # what its runtime reports of the host, likewise
 )
 
 rate_buckets = Table(

@@ -246,7 +246,9 @@ def _job_from_row(row: Any) -> Job:
 
 
 def _worker_from_row(r: Any) -> WorkerInfo:
-    return WorkerInfo(r.id, r.host, r.runtime, r.runtime_version, r.started_at, r.url, r.pools)
+    return WorkerInfo(
+        r.id, r.host, r.runtime, r.runtime_version, r.started_at, r.url, r.pools, r.health
+    )
 
 
 def _job_values(job: Job) -> dict[str, Any]:
@@ -881,7 +883,7 @@ class SqlStore:
             result = conn.execute(
                 update(workers)
                 .where(workers.c.id == worker.id)
-                .values(seen_at=at, url=worker.url, pools=worker.pools)
+                .values(seen_at=at, url=worker.url, pools=worker.pools, health=worker.health)
             )
             if result.rowcount == 0:
                 conn.execute(insert(workers).values(**asdict(worker), seen_at=at))
