@@ -90,15 +90,14 @@ def verdicts(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     rows = []
     for target in TARGETS:
         bound = f"{'>=' if target.at_least else '<='} {target.limit:g} {target.unit}"
+        label = f"{target.name} {bound}"
         value = figure(report, target.path)
         if value is None:
-            rows.append((f"{target.name} {bound}", "-", "not measured"))
+            rows.append((label, "-", "not measured"))
             continue
         scaled = target.scale(value)
         met = scaled >= target.limit if target.at_least else scaled <= target.limit
-        rows.append(
-            (f"{target.name} {bound}", f"{scaled:.2f} {target.unit}", "met" if met else "missed")
-        )
+        rows.append((label, f"{scaled:.2f} {target.unit}", "met" if met else "missed"))
     return rows
 
 
