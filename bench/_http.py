@@ -96,26 +96,26 @@ def direct_client(
     headers = {"Authorization": f"Bearer {access['token']}", "Content-Type": "application/json"}
     body = json.dumps({"code": "1+1"})
     lean = HTTPConnection(url.hostname or "", url.port)
-    lean.connect()
-    assert lean.sock is not None
-    lean.sock.setsockopt(*NODELAY)
 
     def checked(status: int, text: bytes) -> None:
         if status != 200 or json.loads(text)["result"] != "2":
             raise SystemExit(f"direct cell answered {status} {text[:500]!r}")
 
-    with client_for(access["execute_url"], access["token"]) as direct:  # the token as the key
+    def with_stdlib() -> None:
+        lean.request("POST", url.path, body, headers)
+        answer = lean.getresponse()
+        checked(answer.status, answer.read())
 
-        def with_httpx() -> None:
-            answer = direct.post(access["execute_url"], json={"code": "1+1"})
-            checked(answer.status_code, answer.content)
+    try:
+        lean.connect()
+        assert lean.sock is not None
+        lean.sock.setsockopt(*NODELAY)
+        with client_for(access["execute_url"], access["token"]) as direct:  # token as the key
 
-        def with_stdlib() -> None:
-            lean.request("POST", url.path, body, headers)
-            answer = lean.getresponse()
-            checked(answer.status, answer.read())
+            def with_httpx() -> None:
+                answer = direct.post(access["execute_url"], json={"code": "1+1"})
+                checked(answer.status_code, answer.content)
 
-        try:
             yield with_httpx, with_stdlib
-        finally:
-            lean.close()
+    finally:
+        lean.close()
