@@ -19,6 +19,7 @@ from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.runtime import GUEST_CHANNEL_SOCKET, InputFile, SandboxResult, SandboxSpec
 from sandcell.runtime.gvisor import GVisorRuntime
+from sandcell.runtime.hand_over import SOURCE_IN_LINE_MAX
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.runtime.pool import PoolConfig, WarmPool
 from sandcell.runtime.pooled import PooledRuntime, warm_factory
@@ -118,6 +119,23 @@ def test_an_uncaught_exception_shows_only_the_jobs_frames(
     assert sink.stderr.startswith('Traceback (most recent call last):\n  File "/job/main.py"')
     assert "pool_runner" not in sink.stderr and "ZeroDivisionError" in sink.stderr
     assert "    1/0" in sink.stderr  # the source line: the code is at /job/main.py
+
+
+@pytest.mark.parametrize("padding", [0, SOURCE_IN_LINE_MAX], ids=["in-line", "from-the-file"])
+def test_the_job_runs_its_exact_source(
+    pooled: PooledRuntime, python_image: Image, padding: int
+) -> None:
+    """A small source comes in the hand-over line, a large one from /job/main.py: either way
+    the same bytes as the file, so a declared encoding and a non-UTF-8 byte survive."""
+    code = (
+        b"# -*- coding: latin-1 -*-\n"
+        + b"#" * padding
+        + b"\nprint(ascii('\xe9'))\n"  # latin-1's e-acute: mangled bytes would print others
+    )
+    spec = replace(spec_for(python_image, ""), code=code)
+    result, sink = run_pooled(pooled, spec)
+    assert result.exit_code == 0, sink.stderr  # type: ignore[attr-defined]
+    assert sink.stdout == "'\\xe9'\n"
 
 
 def test_nothing_of_one_job_is_visible_to_the_next(

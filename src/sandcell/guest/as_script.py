@@ -34,8 +34,9 @@ def start() -> None:
     run_main()
 
 
-def run_main() -> None:
-    """Run /job/main.py as `__main__`; an uncaught exception ends it as python's own would."""
+def run_main(source: bytes | None = None) -> None:
+    """Run /job/main.py as `__main__`; an uncaught exception ends it as python's own would.
+    `source`: the file's bytes, when the caller has them already (the pool runner's job line)."""
     main = type(sys)("__main__")
     main.__dict__.update(
         __annotations__={},  # python's own __main__ starts with one
@@ -46,8 +47,10 @@ def run_main() -> None:
     )
     sys.modules["__main__"] = main
     try:
-        with open(MAIN, "rb") as source:
-            code = compile(source.read(), MAIN, "exec", dont_inherit=True)
+        if source is None:
+            with open(MAIN, "rb") as file:
+                source = file.read()
+        code = compile(source, MAIN, "exec", dont_inherit=True)
         exec(code, main.__dict__)
     except SystemExit:
         raise

@@ -9,12 +9,14 @@ with this directory mounted read-only at /opt/sandcell. It imports the image's h
 
     \\x1esandcell-warm {"failed": [...]}\\n
 
-and blocks reading one line from stdin: the job, {"argv": [...], "env": {...}, "cwd": str}.
-By then the host has put the code at /job/main.py and the inputs under /input. The runner
-turns itself into what `python /job/main.py` would have been (environment, cwd, argv,
-sys.path, stdin at EOF), prints the ready line the runtime times the job from, and runs the
-code as `__main__` in this same process. When the code is done, the runner ends as python's
-exit would, then prints one last line on each of stdout and stderr,
+and blocks reading one line from stdin: the job, {"argv": [...], "env": {...}, "cwd": str},
+and for a small job "source": the code. By then the host has put the code at /job/main.py
+and the inputs under /input; a source in the line spares opening that file (under gVisor, a
+walk and an open through the gofer). The runner turns itself into what `python /job/main.py`
+would have been (environment, cwd, argv, sys.path, stdin at EOF), prints the ready line the
+runtime times the job from, and runs the code as `__main__` in this same process. When the
+code is done, the runner ends as python's exit would, then prints one last line on each of
+stdout and stderr,
 
     \x1esandcell-exit STATUS\n
 
@@ -90,7 +92,9 @@ def become(job: dict[str, Any], base_path: list[str]) -> None:
     env = {str(k): str(v) for k, v in job["env"].items()}
     os.environ.clear()
     os.environ.update(env)
-    os.chdir(str(job.get("cwd", "/workspace")))
+    cwd = str(job.get("cwd", "/workspace"))
+    if os.getcwd() != cwd:  # the runner starts there: a chdir is a walk through the gofer
+        os.chdir(cwd)
     sys.argv = [str(arg) for arg in job["argv"][1:]]
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.path.dirname(MAIN), *extra, *base_path]
@@ -101,6 +105,12 @@ def become(job: dict[str, Any], base_path: list[str]) -> None:
                 stream.reconfigure(write_through=True)
     for name in RUNNER_MODULES:  # `import sandcell` must fail as it does in a cold sandbox
         sys.modules.pop(name, None)
+
+
+def job_source(job: dict[str, Any]) -> bytes | None:
+    """The code's bytes, if the job line carries them (else run_main reads /job/main.py)."""
+    source = job.get("source")
+    return source.encode("utf-8", "surrogateescape") if isinstance(source, str) else None
 
 
 def exit_status(exc: SystemExit) -> int:
@@ -195,7 +205,7 @@ def main() -> None:
     os.write(1, READY_MARKER)
     status = 0
     try:
-        run_main()
+        run_main(job_source(job))
     except SystemExit as exc:
         status = exit_status(exc)
     finish(status, ["__main__", *(name for name in sys.modules if name not in before)], host)
