@@ -8,6 +8,7 @@ import pytest
 from sandcell.ports.runtime import InputFile
 from sandcell.runtime.ext4 import BlankDisks, ScratchError, attach_loop, copy_sparse, inodes_for
 from sandcell.runtime.scratch import GUEST_UID, Scratch, attached_loops, loop_backing_file
+from sandcell.runtime.session_volume import SessionScratch
 
 MiB = 1024 * 1024
 
@@ -136,3 +137,32 @@ def test_a_leftover_spill_means_the_id_is_taken(tmp_path: Path) -> None:
     scratch = Scratch(tmp_path / "small" / "s-1", spill=tmp_path / "big" / "s-1")
     assert not scratch.claim()
     assert list((tmp_path / "small").iterdir()) == []  # its root was not kept either
+
+
+def _mount_options(target: Path) -> set[str]:
+    """The options /proc/self/mounts shows for the filesystem mounted at `target`."""
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        _, mount_point, _, options, *_ = line.split()
+        if mount_point == str(target):
+            return set(options.split(","))
+    raise AssertionError(f"nothing mounted at {target}")
+
+
+def test_a_jobs_throwaway_disk_goes_without_barriers_and_a_sessions_volume_keeps_them(
+    tmp_path: Path,
+) -> None:
+    """A job's disk is unmounted without flushing onto the host's disk; a session's volume is
+    used again after its sandbox, and after a crash, so it keeps ext4's barriers."""
+    scratch = _scratch(tmp_path, "s-1", BlankDisks(tmp_path / "blanks"))
+    try:
+        assert {"nobarrier", "nosuid", "nodev", "noatime"} <= _mount_options(scratch.disk)
+    finally:
+        assert scratch.teardown() == []
+    volume = SessionScratch(tmp_path / "sandboxes" / "v-1", volume=tmp_path / "workspace.img")
+    assert volume.claim()
+    volume.create_session(16)
+    try:
+        options = _mount_options(volume.disk)
+        assert "nobarrier" not in options and {"nosuid", "nodev", "noatime"} <= options
+    finally:
+        assert volume.teardown() == []
