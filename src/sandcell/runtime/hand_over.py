@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import select
 import subprocess
 import time
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from sandcell.runtime.bundle import check_env
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.fork_watch import ForkWatch
 from sandcell.runtime.one_shot import EXIT_WAIT_S, OneShotRun
+from sandcell.runtime.readable import readable
 from sandcell.runtime.reap import waited
 from sandcell.runtime.scratch import Scratch
 from sandcell.runtime.streams import Streams
@@ -117,8 +117,7 @@ def read_line(fd: int, timeout_s: float) -> bytes:
     deadline = time.monotonic() + timeout_s
     line = b""
     while not line.endswith(b"\n") and len(line) < MAX_WARM_LINE:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
+        if not readable(fd, deadline - time.monotonic()):
             break
         byte = os.read(fd, 1)  # one at a time: nothing after the line is ours to take
         if not byte:
@@ -132,8 +131,7 @@ def available_stderr(proc: subprocess.Popen[bytes]) -> str:
     if proc.stderr is None:
         return ""
     fd = proc.stderr.fileno()
-    ready, _, _ = select.select([fd], [], [], 0)
-    return os.read(fd, 2000).decode("utf-8", "replace").strip() if ready else ""
+    return os.read(fd, 2000).decode("utf-8", "replace").strip() if readable(fd, 0) else ""
 
 
 def stop_runner(

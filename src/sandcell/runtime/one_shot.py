@@ -5,7 +5,6 @@ reason, collect /output, release and verify. Subclasses supply the runtime-speci
 """
 
 import os
-import select
 import subprocess
 import time
 from abc import ABC, abstractmethod
@@ -17,6 +16,7 @@ from sandcell.ports.runtime import EarlySink, SandboxResult, SandboxSink, Sandbo
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.ext4 import ScratchError
 from sandcell.runtime.outputs import collect_outputs
+from sandcell.runtime.readable import readable
 from sandcell.runtime.scratch import Scratch
 from sandcell.runtime.streams import Streams
 
@@ -104,7 +104,7 @@ class OneShotRun(ABC):
         # Waiting on a pidfd, not sleeping: the exit is seen at once, not up to a tick late,
         # and without `Popen.wait`'s polls (a waitpid and a sleep every few ms).
         if not self._waited_for_start(streams):
-            select.select([self.exited], [], [], self._wait_s(streams))
+            readable(self.exited, self._wait_s(streams))
 
     def _early_result(self, streams: Streams) -> SandboxResult | None:
         """A run that knows its program's end before the sandbox exits reports it here (and
