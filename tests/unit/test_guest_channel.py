@@ -5,6 +5,7 @@ import hashlib
 import io
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,3 +182,17 @@ def test_a_request_naming_another_job_or_any_extra_field_is_refused(
     assert store.once_keys(mine.id) == ["k"]  # only the well-formed request, on its own job
     assert store.once_keys(other.id) == [] and store.job_stages(other.id) == []
     assert store.job_stages(mine.id) == [] and store.list_artifacts(other.id) == []
+
+
+def test_closing_a_channel_ends_its_threads(recorder: StageRecorder, tmp_path: Path) -> None:
+    """A worker makes one channel a job: a thread left blocked in accept() was one more thread
+    for every job the worker had run."""
+    before = set(threading.enumerate())
+    chan = _serve(recorder, tmp_path / "chan")
+    with socket.socket(socket.AF_UNIX) as guest:  # a connection, served by a thread of its own
+        guest.connect(str(tmp_path / "chan" / "guest.sock"))
+        guest.sendall(json.dumps({"op": "once", "key": "k"}).encode() + b"\n")
+        assert json.loads(guest.makefile().readline())["ok"]
+    chan.close()
+    assert set(threading.enumerate()) <= before
+    assert not (tmp_path / "chan").exists()

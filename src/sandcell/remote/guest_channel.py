@@ -9,6 +9,7 @@ does not define (a job id, a token, a tenant) is refused whole: nothing in a req
 the channel at anything but its own attempt.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -56,6 +57,7 @@ class GuestChannel:
     def __init__(self, directory: Path, recorder: StageRecorder) -> None:
         self.directory, self.recorder = directory, recorder
         self._server: socket.socket | None = None
+        self._acceptor: threading.Thread | None = None
         self._threads: list[threading.Thread] = []
 
     def start(self) -> Path:
@@ -66,13 +68,19 @@ class GuestChannel:
         self._server.bind(str(path))
         os.chmod(path, 0o666)
         self._server.listen(8)
-        thread = threading.Thread(target=self._accept, name="guest-channel", daemon=True)
-        thread.start()
+        self._acceptor = threading.Thread(target=self._accept, name="guest-channel", daemon=True)
+        self._acceptor.start()
         return self.directory
 
     def close(self) -> None:
         if self._server is not None:
+            # A close alone leaves an accept() blocked in another thread for ever (one thread
+            # leaked a job); a shutdown ends it (EINVAL).
+            with contextlib.suppress(OSError):
+                self._server.shutdown(socket.SHUT_RDWR)
             self._server.close()
+        if self._acceptor is not None:
+            self._acceptor.join(5)  # first: it may still add a connection's thread
         for thread in self._threads:
             thread.join(5)
         shutil.rmtree(self.directory, ignore_errors=True)
