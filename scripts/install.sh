@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 
 export DEBIAN_FRONTEND=noninteractive
 missing=""
-for pkg in runsc bubblewrap libseccomp2 debootstrap e2fsprogs iproute2 util-linux chromium chromium-driver; do
+for pkg in runsc bubblewrap libseccomp2 debootstrap e2fsprogs iproute2 util-linux gcc libc6-dev \
+    chromium chromium-driver; do
     dpkg -s "$pkg" >/dev/null 2>&1 || missing="$missing $pkg"
 done
 if [ -n "$missing" ]; then

@@ -18,8 +18,10 @@ from sandcell.runtime.digest import tree_digest
 from sandcell.runtime.guest_mounts import ensure_guest_package
 from sandcell.runtime.images import (
     RECIPES,
+    STATX_COMPAT,
     FilesystemImageCatalog,
     Recipe,
+    _build_preloads,
     build_image,
     pin_mismatches,
     verify,
@@ -88,6 +90,35 @@ def test_rootfs_is_hardened(python_image: Image) -> None:
         and os.lstat(os.path.join(d, f)).st_mode & (stat.S_ISUID | stat.S_ISGID)
     ]
     assert setid == []
+
+
+@pytest.mark.gvisor
+def test_every_process_of_the_image_preloads_its_statx(python_image: Image) -> None:
+    library, source = STATX_COMPAT
+    assert RECIPES["python"].preload == RECIPES["python-data"].preload == (STATX_COMPAT,)
+    root = python_image.rootfs
+    assert (root / "etc/ld.so.preload").read_text() == f"/{library}\n"
+    built = root / library
+    assert built.read_bytes()[:4] == b"\x7fELF" and stat.S_IMODE(built.stat().st_mode) == 0o644
+    assert "AT_NO_AUTOMOUNT" in source
+
+
+def test_a_preload_that_does_not_compile_or_leads_out_fails_the_build(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    broken = Recipe("x", "1", (), preload=(("usr/lib/x.so", "int f( {"),))
+    with pytest.raises(ImageUnavailable, match=r"image 'x': cannot compile usr/lib/x\.so: .*error"):
+        _build_preloads(broken, rootfs)
+    (rootfs / "usr").mkdir(exist_ok=True)
+    (rootfs / "usr" / "out").symlink_to(tmp_path)
+    outside = Recipe("x", "1", (), preload=(("usr/out/lib/x.so", "int f(void) { return 0; }"),))
+    with pytest.raises(ImageUnavailable, match=r"usr/out/lib/x\.so leads out of the rootfs"):
+        _build_preloads(outside, rootfs)
+    assert not (tmp_path / "lib").exists()
+    made = Recipe("x", "1", (), preload=(("usr/lib/y.so", "int f(void) { return 0; }"),))
+    _build_preloads(made, rootfs)
+    assert (rootfs / "etc/ld.so.preload").read_text() == "/usr/lib/y.so\n"
+    assert (rootfs / "usr/lib/y.so").read_bytes()[:4] == b"\x7fELF"
 
 
 @pytest.mark.gvisor

@@ -38,6 +38,13 @@ MOUNT_POINTS = ("job", "input", "workspace", "output")  # the root is read-only:
 EGRESS_MOUNT_DIR = GUEST_SOCKET_DIR.lstrip("/")
 EGRESS_MOUNT_FILE = GUEST_CA_BUNDLE.lstrip("/")
 BUILD_TIMEOUT_S = 900
+COMPILE_TIMEOUT_S = 120
+# Made by the host's C compiler at build: statx for the runsc this runs on (statx_compat.c).
+STATX_COMPAT = (
+    "usr/lib/sandcell/libstatx-compat.so",
+    (Path(__file__).parent / "statx_compat.c").read_text(),
+)
+PRELOAD_LIST = "etc/ld.so.preload"
 # Bound on the host while sandboxes run (guest_mounts.ensure_guest_package): not the image's.
 HOST_MOUNT_POINTS = (GUEST_PACKAGE_DIR.lstrip("/"),)
 
@@ -58,6 +65,9 @@ class Recipe:
     python: str = "/usr/bin/python3.11"
     # (path in the rootfs, text) written after debootstrap, e.g. a headless matplotlibrc.
     files: tuple[tuple[str, str], ...] = ()
+    # (path in the rootfs, C source): shared libraries compiled at build and preloaded into
+    # every process of the image (/etc/ld.so.preload), e.g. STATX_COMPAT.
+    preload: tuple[tuple[str, str], ...] = ()
 
     def package_names(self) -> list[str]:
         return [package.partition("=")[0] for package in self.packages]
@@ -70,16 +80,19 @@ class Recipe:
     def as_dict(self) -> dict[str, Any]:
         # JSON's shape (lists all the way down), so it compares equal to a manifest's recipe.
         data: dict[str, Any] = json.loads(json.dumps(asdict(self)))
-        if not self.files:  # recipes built before `files` existed stay up to date
-            del data["files"]
+        for later in ("files", "preload"):  # recipes built before a field existed stay up to date
+            if not data[later]:
+                del data[later]
         return data
 
 
 RECIPES: dict[str, Recipe] = {
     "python": Recipe(
         name="python",
-        version="3",  # 2: mount points for the egress socket and CA bundle; 3: guest channel
+        # 2: mount points for the egress socket and CA bundle; 3: guest channel; 4: statx
+        version="4",
         packages=("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates"),
+        preload=(STATX_COMPAT,),
     ),
     # Debian's own builds from the configured mirror. numpy, pandas, matplotlib and IPython
     # are pinned: a mirror that serves other versions fails the build (debootstrap cannot
@@ -87,9 +100,9 @@ RECIPES: dict[str, Recipe] = {
     # runs session kernels.
     "python-data": Recipe(
         name="python-data",
-        # 2: the guest channel's mount point; 3: the pins. A new version is a new directory,
-        # so sandboxes running on version 2 keep their root while 3 is built.
-        version="3",
+        # 2: the guest channel's mount point; 3: the pins; 4: statx. A new version is a new
+        # directory, so sandboxes running on version 3 keep their root while 4 is built.
+        version="4",
         packages=(
             *("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "socat"),
             "python3-numpy=1:1.24.2-1+deb12u1",  # numpy 1.24.2
@@ -99,6 +112,7 @@ RECIPES: dict[str, Recipe] = {
         ),
         # Debian's site rc says TkAgg; a sandbox has no display. Defaults come from mpl-data.
         files=(("etc/matplotlibrc", "backend: Agg\n"),),
+        preload=(STATX_COMPAT,),
     ),
 }
 
@@ -226,6 +240,7 @@ def _build_into(recipe: Recipe, work: Path) -> Manifest:
     _install_pip(recipe, rootfs)
     _harden(rootfs)
     _write_files(recipe, rootfs)
+    _build_preloads(recipe, rootfs)
     manifest = Manifest(
         name=recipe.name,
         version=recipe.version,
@@ -267,12 +282,45 @@ def _install_pip(recipe: Recipe, rootfs: Path) -> None:
 
 def _write_files(recipe: Recipe, rootfs: Path) -> None:
     for relpath, text in recipe.files:
-        path = rootfs / relpath
-        # The file itself may be a symlink (it is replaced); its directory must not lead out.
-        if path.parent.resolve().is_relative_to(rootfs.resolve()):
-            _replace_file(path, text)
-        else:
-            raise ImageUnavailable(f"image {recipe.name!r}: {relpath} leads out of the rootfs")
+        _replace_file(_inside(recipe, rootfs, relpath), text)  # a symlink there is replaced
+
+
+def _build_preloads(recipe: Recipe, rootfs: Path) -> None:
+    """Compile each preload library into the rootfs and list them in /etc/ld.so.preload."""
+    if not recipe.preload:
+        return
+    for relpath, source in recipe.preload:
+        target = _inside(recipe, rootfs, relpath)
+        target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        compile_cmd = ["cc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-x", "c"]
+        try:
+            done = subprocess.run(
+                [*compile_cmd, "-o", str(target), "-"],
+                input=source,
+                capture_output=True,
+                text=True,
+                timeout=COMPILE_TIMEOUT_S,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            detail = f"image {recipe.name!r}: cannot compile {relpath}: {exc}"
+            raise ImageUnavailable(detail) from exc
+        if done.returncode != 0:
+            detail = done.stderr.strip()[-1000:]
+            raise ImageUnavailable(f"image {recipe.name!r}: cannot compile {relpath}: {detail}")
+        target.chmod(0o644)
+    listed = "".join(f"/{relpath}\n" for relpath, _ in recipe.preload)
+    _replace_file(_inside(recipe, rootfs, PRELOAD_LIST), listed)
+
+
+def _inside(recipe: Recipe, rootfs: Path, relpath: str) -> Path:
+    """`rootfs/relpath`, unless its directory leads out of the rootfs (a symlink in it)."""
+    path = rootfs / relpath
+    parent = path.parent
+    while not parent.exists():  # made later: the part that exists must not lead out
+        parent = parent.parent
+    if not parent.resolve().is_relative_to(rootfs.resolve()):
+        raise ImageUnavailable(f"image {recipe.name!r}: {relpath} leads out of the rootfs")
+    return path
 
 
 def pin_mismatches(recipe: Recipe, installed: dict[str, str]) -> list[str]:

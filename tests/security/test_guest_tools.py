@@ -1,0 +1,39 @@
+"""The image's own tools work under either runtime (the isolation suite's fixture, both runtimes).
+
+Debian's runsc 20221219 answers EINVAL to statx with AT_NO_AUTOMOUNT, which is how coreutils'
+`ls` and `stat` ask: the image preloads a statx that asks again without the flag
+(runtime/statx_compat.c). On bwrap (the host's kernel) the first answer stands.
+"""
+
+import json
+
+from tests.security.conftest import RunCode
+
+TOOLS = """
+import json, subprocess
+def run(*args):
+    done = subprocess.run(args, capture_output=True, text=True)
+    return [done.returncode, done.stdout, done.stderr]
+open('/workspace/made.txt', 'w').write('x')
+print(json.dumps({
+    "ls_root": run("ls", "/"),
+    "ls_long": run("ls", "-la", "/workspace"),
+    "stat": run("stat", "-c", "%U %a %s", "/workspace/made.txt"),
+    "missing": run("ls", "/no/such/path"),
+    "maps": open("/proc/self/maps").read().count("libstatx-compat.so") > 0,
+}))
+"""
+
+
+def test_ls_and_stat_work_and_a_missing_path_is_still_enoent(run_code: RunCode) -> None:
+    ran = run_code(TOOLS)
+    assert ran.result.exit_code == 0, ran.sink.stderr
+    seen = json.loads(ran.sink.stdout)
+    code, out, err = seen["ls_root"]
+    assert (code, err) == (0, "") and {"usr", "workspace", "tmp"} <= set(out.split())
+    code, out, err = seen["ls_long"]
+    assert (code, err) == (0, "") and "made.txt" in out and "nobody" in out
+    assert seen["stat"] == [0, "nobody 644 1\n", ""]
+    code, out, err = seen["missing"]
+    assert code == 2 and "No such file or directory" in err
+    assert seen["maps"], "the image's statx library is not preloaded"
