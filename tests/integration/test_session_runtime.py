@@ -110,6 +110,37 @@ def test_a_dataframe_comes_back_as_html_and_plain_text(session: GVisorSession) -
     assert result["result"].split() == ["a", "b", "0", "1", "x", "1", "2", "y"]
 
 
+def test_ipython_syntax_semicolons_await_magics_and_escapes(session: GVisorSession) -> None:
+    """IPython's own rules, which the shell skips tokenizing and compiling for when a cell has
+    no `;`, no `await`/`async` or none of the escapes that its transforms look for."""
+    assert cell(session, "6 * 7;")["result"] is None
+    assert cell(session, "6 * 7  # ;")["result"] == "42"  # a `;` in a comment does not hide it
+    assert cell(session, "n = 6; n * 7")["result"] == "42"
+    awaited = cell(session, "import asyncio\nawait asyncio.sleep(0)\n'awaited'")
+    assert awaited["error"] is None and awaited["result"] == "'awaited'"
+    # Cells with `async` and no `await` that need the event loop (their awaits come from here).
+    helpers = cell(
+        session,
+        "import contextlib\n"
+        "async def numbers():\n    await asyncio.sleep(0)\n    yield 5\n"
+        "@contextlib.asynccontextmanager\n"
+        "async def paused():\n    await asyncio.sleep(0)\n    yield 'paused'\n",
+    )
+    assert helpers["error"] is None
+    generated = cell(session, "[n async for n in numbers()]")
+    assert generated["error"] is None and generated["result"] == "[5]"
+    entered = cell(session, "async with paused() as word:\n    print(word)")
+    assert entered["error"] is None and entered["stdout"] == "paused\n"
+    long_cell = "\n".join(f"v{i} = {i}" for i in range(3000)) + "\nv2999"
+    assert cell(session, long_cell)["result"] == "2999"
+    assert cell(session, "%pwd")["result"] == "'/workspace'"
+    assert cell(session, "'%d' % 5")["result"] == "'5'"
+    listed = cell(session, "names = !ls /\n'usr' in names")
+    assert listed["result"] == "True"
+    assert cell(session, "!echo escaped")["stdout"].splitlines() == ["escaped"]  # a pty: \r\n
+    assert cell(session, "/abs -3")["result"] == "3"  # autocall's `/`: abs(-3)
+
+
 def test_json_display(session: GVisorSession) -> None:
     result = cell(session, "from IPython.display import JSON, display\ndisplay(JSON({'k': [1]}))")
     assert {"mime": "application/json", "data": '{"k": [1]}'} in result["display"]

@@ -15,6 +15,13 @@ from typing import Any
 from IPython.core.displayhook import DisplayHook
 from IPython.core.displaypub import DisplayPublisher
 from IPython.core.formatters import BaseFormatter, DisplayFormatter
+from IPython.core.inputtransformer2 import (
+    EscapedCommand,
+    HelpEnd,
+    MagicAssign,
+    SystemAssign,
+    TransformerManager,
+)
 from IPython.core.interactiveshell import InteractiveShell
 from traitlets import Type
 from traitlets.config import Config
@@ -28,6 +35,10 @@ DISPLAY_LIMIT = 32 << 20  # characters of rich output per cell
 # Results whose exact type has no `_repr_*_` methods (nor can be given one): only a printer
 # registered for the type itself could render one other than as text.
 PLAIN_TYPES = frozenset((int, float, complex, bool, str, bytes, list, tuple, dict, set, frozenset))
+# IPython's token transforms (magics, shell escapes, `?` help, autocall), and what each needs:
+# a `%`, `!` or `?` anywhere, or a `,`, `;` or `/` first on a line.
+TOKEN_TRANSFORMS = [MagicAssign, SystemAssign, EscapedCommand, HelpEnd]
+ESCAPES_ANYWHERE, ESCAPES_FIRST = "%!?", (",", ";", "/")
 
 
 class Cell:
@@ -95,6 +106,16 @@ def mime_bundle(data: dict[str, Any]) -> dict[str, str]:
 class ResultHook(DisplayHook):  # type: ignore[misc]
     """Keeps the last expression's value for the result instead of printing `Out[n]:`."""
 
+    def quiet(self) -> bool:
+        """IPython's answer (does the cell end with `;`?), without tokenizing a cell that has
+        no `;` at all: that tokenizing costs ~0.03 ms of every cell with a result, and 57 ms
+        of a 2,000-line one."""
+        try:
+            cell = self.shell.history_manager.input_hist_parsed[-1]
+        except IndexError:
+            return False
+        return ";" in cell and bool(super().quiet())
+
     def write_output_prompt(self) -> None:
         pass
 
@@ -149,6 +170,26 @@ class ResultFormatter(DisplayFormatter):  # type: ignore[misc]
         return False
 
 
+class CellTransformer(TransformerManager):  # type: ignore[misc]
+    """IPython's transforms of a cell's text, without tokenizing a cell that none of its
+    token transforms can apply to: that costs ~0.03 ms of every cell, and 57 ms of a
+    2,000-line one. (A cell whose indentation does not add up then gets its error from the
+    compiler, pointing into the cell, rather than from the tokenizer.)"""
+
+    def do_token_transforms(self, lines: list[str]) -> list[str]:
+        if self.token_transformers == TOKEN_TRANSFORMS and not _may_escape(lines):
+            return lines
+        transformed: list[str] = super().do_token_transforms(lines)
+        return transformed
+
+
+def _may_escape(lines: list[str]) -> bool:
+    text = "".join(lines)
+    if any(escape in text for escape in ESCAPES_ANYWHERE):
+        return True
+    return any(line.lstrip().startswith(ESCAPES_FIRST) for line in lines)
+
+
 class SessionShell(InteractiveShell):  # type: ignore[misc]
     displayhook_class = Type(ResultHook)
     display_pub_class = Type(Publisher)
@@ -158,6 +199,27 @@ class SessionShell(InteractiveShell):  # type: ignore[misc]
     def init_display_formatter(self) -> None:
         self.display_formatter = ResultFormatter(parent=self)
         self.configurables.append(self.display_formatter)
+
+    def should_run_async(
+        self,
+        raw_cell: str,
+        *,
+        transformed_cell: str | None = None,
+        preprocessing_exc_tuple: Any = None,
+    ) -> bool:
+        """IPython's answer (is there a top-level `await`, `async for` or `async with`?),
+        without compiling a cell that cannot have one: that compile, done again to run the
+        cell, costs ~0.03 ms of every cell and 28 ms of a 2,000-line one."""
+        cell = raw_cell if transformed_cell is None else transformed_cell
+        if "await" not in cell and "async" not in cell:
+            return False
+        return bool(
+            super().should_run_async(
+                raw_cell,
+                transformed_cell=transformed_cell,
+                preprocessing_exc_tuple=preprocessing_exc_tuple,
+            )
+        )
 
     def new_cell(self, request_id: str, output_limit: int) -> Cell:
         self.current = Cell(request_id, output_limit, self.channel)
@@ -174,5 +236,6 @@ def make_shell(channel: Channel) -> SessionShell:
     config.HistoryManager.enabled = False  # no sqlite file: nothing to write it to anyway
     config.InteractiveShell.colors = "NoColor"
     shell: SessionShell = SessionShell.instance(config=config)
+    shell.input_transformer_manager = CellTransformer()
     shell.channel = channel
     return shell
