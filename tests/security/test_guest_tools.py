@@ -2,7 +2,8 @@
 
 Debian's runsc 20221219 answers EINVAL to statx with AT_NO_AUTOMOUNT, which is how coreutils'
 `ls` and `stat` ask: the image preloads a statx that asks again without the flag
-(runtime/statx_compat.c). On bwrap (the host's kernel) the first answer stands.
+(runtime/statx_compat.c). On bwrap (the host's kernel) the first answer stands. And `ps`
+and `free` (procps) are there, as in any peer's image.
 """
 
 import json
@@ -21,11 +22,13 @@ print(json.dumps({
     "stat": run("stat", "-c", "%U %a %s", "/workspace/made.txt"),
     "missing": run("ls", "/no/such/path"),
     "maps": open("/proc/self/maps").read().count("libstatx-compat.so") > 0,
+    "ps": run("ps", "-e", "-o", "comm="),
+    "free": run("free", "-m"),
 }))
 """
 
 
-def test_ls_and_stat_work_and_a_missing_path_is_still_enoent(run_code: RunCode) -> None:
+def test_ls_stat_ps_and_free_work_and_a_missing_path_is_still_enoent(run_code: RunCode) -> None:
     ran = run_code(TOOLS)
     assert ran.result.exit_code == 0, ran.sink.stderr
     seen = json.loads(ran.sink.stdout)
@@ -37,3 +40,7 @@ def test_ls_and_stat_work_and_a_missing_path_is_still_enoent(run_code: RunCode) 
     code, out, err = seen["missing"]
     assert code == 2 and "No such file or directory" in err
     assert seen["maps"], "the image's statx library is not preloaded"
+    code, out, err = seen["ps"]
+    assert (code, err) == (0, "") and "python3.11" in out.split()
+    code, out, err = seen["free"]
+    assert (code, err) == (0, "") and out.split()[:3] == ["total", "used", "free"]
