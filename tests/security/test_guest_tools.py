@@ -3,7 +3,8 @@
 Debian's runsc 20221219 answers EINVAL to statx with AT_NO_AUTOMOUNT, which is how coreutils'
 `ls` and `stat` ask: the image preloads a statx that asks again without the flag
 (runtime/statx_compat.c). On bwrap (the host's kernel) the first answer stands. And `ps`
-and `free` (procps) are there, as in any peer's image.
+and `free` (procps) are there, as in any peer's image, and multiprocessing's pools and shared
+memory work (gVisor's own /dev/shm is root's alone: the bundle mounts one for everyone).
 """
 
 import json
@@ -12,6 +13,9 @@ from tests.security.conftest import RunCode
 
 TOOLS = """
 import json, subprocess
+from multiprocessing import Pool, shared_memory
+def square(n):
+    return n * n
 def run(*args):
     done = subprocess.run(args, capture_output=True, text=True)
     return [done.returncode, done.stdout, done.stderr]
@@ -25,13 +29,22 @@ print(json.dumps({
     "ps": run("ps", "-e", "-o", "comm="),
     "free": run("free", "-m"),
 }))
+with Pool(2) as pool:
+    squares = pool.map(square, range(4))
+shared = shared_memory.SharedMemory(create=True, size=8)
+shared.buf[:2] = b"ok"
+print(json.dumps({"pool": squares, "shared": bytes(shared.buf[:2]).decode()}))
+shared.close()
+shared.unlink()
 """
 
 
-def test_ls_stat_ps_and_free_work_and_a_missing_path_is_still_enoent(run_code: RunCode) -> None:
+def test_ls_stat_ps_free_and_process_pools_work(run_code: RunCode) -> None:
     ran = run_code(TOOLS)
     assert ran.result.exit_code == 0, ran.sink.stderr
-    seen = json.loads(ran.sink.stdout)
+    tools, processes = ran.sink.stdout.splitlines()
+    assert json.loads(processes) == {"pool": [0, 1, 4, 9], "shared": "ok"}
+    seen = json.loads(tools)
     code, out, err = seen["ls_root"]
     assert (code, err) == (0, "") and {"usr", "workspace", "tmp"} <= set(out.split())
     code, out, err = seen["ls_long"]

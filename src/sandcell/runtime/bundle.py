@@ -171,6 +171,14 @@ def _mounts(scratch: Scratch) -> list[dict[str, Any]]:
             "source": "tmpfs",
             "options": ["nosuid", "nodev", "mode=1777"],
         },
+        # POSIX semaphores and shared memory (multiprocessing's Pool and Lock, shared_memory):
+        # gVisor's own /dev/shm is root's alone. The same memory bound as /tmp.
+        {
+            "destination": "/dev/shm",
+            "type": "tmpfs",
+            "source": "shm",
+            "options": ["nosuid", "nodev", "noexec", "mode=1777"],
+        },
         _bind("/job", scratch.job, ro),
         _bind("/input", scratch.input, ro),
         _bind("/workspace", scratch.workspace, rw),
