@@ -2,9 +2,9 @@
 
 Debian's runsc 20221219 answers EINVAL to statx with AT_NO_AUTOMOUNT, which is how coreutils'
 `ls` and `stat` ask: the image preloads a statx that asks again without the flag
-(runtime/statx_compat.c). On bwrap (the host's kernel) the first answer stands. And `ps`
-and `free` (procps) are there, as in any peer's image, and multiprocessing's pools and shared
-memory work (gVisor's own /dev/shm is root's alone: the bundle mounts one for everyone).
+(runtime/statx_compat.c). On bwrap (the host's kernel) the first answer stands. `ps`, `free`,
+`python3` and `python` are there, as in any peer's image, and multiprocessing's pools and
+shared memory work (gVisor's own /dev/shm is root's alone: the bundle mounts one for all).
 """
 
 import json
@@ -28,6 +28,8 @@ print(json.dumps({
     "maps": open("/proc/self/maps").read().count("libstatx-compat.so") > 0,
     "ps": run("ps", "-e", "-o", "comm="),
     "free": run("free", "-m"),
+    "python3": run("python3", "-c", "print(3)"),
+    "python": run("python", "-c", "print(2)"),
 }))
 with Pool(2) as pool:
     squares = pool.map(square, range(4))
@@ -39,7 +41,7 @@ shared.unlink()
 """
 
 
-def test_ls_stat_ps_free_and_process_pools_work(run_code: RunCode) -> None:
+def test_ls_stat_ps_free_python3_and_process_pools_work(run_code: RunCode) -> None:
     ran = run_code(TOOLS)
     assert ran.result.exit_code == 0, ran.sink.stderr
     tools, processes = ran.sink.stdout.splitlines()
@@ -57,3 +59,4 @@ def test_ls_stat_ps_free_and_process_pools_work(run_code: RunCode) -> None:
     assert (code, err) == (0, "") and "python3.11" in out.split()
     code, out, err = seen["free"]
     assert (code, err) == (0, "") and out.split()[:3] == ["total", "used", "free"]
+    assert (seen["python3"], seen["python"]) == ([0, "3\n", ""], [0, "2\n", ""])

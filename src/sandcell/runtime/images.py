@@ -86,13 +86,17 @@ class Recipe:
         return data
 
 
+# What programs and agents reach for in any peer's image: `python3` and `python`, and `ps`,
+# `free` and `top` (procps).
+COMMANDS = ("python3", "python-is-python3", "procps")
+
 RECIPES: dict[str, Recipe] = {
     "python": Recipe(
         name="python",
-        # 2: mount points for the egress socket and CA bundle; 3: guest channel; 4: statx, procps
+        # 2: mount points for the egress socket and CA bundle; 3: guest channel; 4: statx and
+        # the commands below
         version="4",
-        # procps: `ps`, `free` and `top`, which programs and agents reach for.
-        packages=("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "procps"),
+        packages=(*("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates"), *COMMANDS),
         preload=(STATX_COMPAT,),
     ),
     # Debian's own builds from the configured mirror. numpy, pandas, matplotlib and IPython
@@ -101,11 +105,12 @@ RECIPES: dict[str, Recipe] = {
     # runs session kernels.
     "python-data": Recipe(
         name="python-data",
-        # 2: the guest channel's mount point; 3: the pins; 4: statx, procps. A new version is a new
-        # directory, so sandboxes running on version 3 keep their root while 4 is built.
+        # 2: the guest channel's mount point; 3: the pins; 4: statx and COMMANDS. A new version
+        # is a new directory, so sandboxes running on version 3 keep their root while 4 is built.
         version="4",
         packages=(
-            *("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "socat", "procps"),
+            *("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "socat"),
+            *COMMANDS,
             "python3-numpy=1:1.24.2-1+deb12u1",  # numpy 1.24.2
             "python3-pandas=1.5.3+dfsg-2",  # pandas 1.5.3
             "python3-matplotlib=3.6.3-1+b1",  # matplotlib 3.6.3
