@@ -1,5 +1,6 @@
 """A last line of output is readable soon, not only when the job ends."""
 
+import io
 import time
 
 import pytest
@@ -7,6 +8,7 @@ import pytest
 from sandcell.domain.records import Job
 from sandcell.ports.notify import JOB_LOGS, LocalNotifier
 from sandcell.services.job_sink import LOG_FLUSH_S, STARTED_WRITE_S, JobSink
+from sandcell.services.stages import StageRecorder
 from tests.conftest import Api
 
 
@@ -102,4 +104,25 @@ def test_output_shown_means_the_start_is_shown(api: Api, monkeypatch: pytest.Mon
     assert record.started_at == sink.started_at
     time.sleep(STARTED_WRITE_S * 1.5)  # the timer finds it written: no second write
     assert writes == [job.id]
+    sink.settle()
+
+
+@pytest.mark.parametrize("progress", ["stage", "once"])
+def test_progress_recorded_means_the_start_is_shown(api: Api, progress: str) -> None:
+    """A stage or a once-key the program records before the start's timer fires (its worker
+    may be killed the next moment) comes with the start: where and since when it ran."""
+    store = api.services.store
+    job = _claimed_job(api)
+    sandbox_id = _sandbox_id(job)
+    sink = JobSink(store, api.blobs, job, job.fencing_token, sandbox_id)
+    recorder = StageRecorder(store, api.blobs, job, job.fencing_token)
+    recorder.before_progress = sink.write_start  # as the worker wires them
+    sink.ready()
+    if progress == "stage":
+        recorder.commit_stage("clean", [("clean.csv", io.BytesIO(b"a,1\n"))])
+    else:
+        assert recorder.once("notify")
+    record = store.get_job(job.tenant_id, job.id)  # well before STARTED_WRITE_S has passed
+    assert record is not None and record.sandbox_id == sandbox_id
+    assert record.started_at == sink.started_at
     sink.settle()

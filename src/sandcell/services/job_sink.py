@@ -105,6 +105,12 @@ class JobSink:
         self.started_at = time.time()
         self._started_timer = LATER.call_in(STARTED_WRITE_S, self._write_started)
 
+    def write_start(self) -> None:
+        """Write the start now, if the program is running and it is not written yet: the
+        program has shown progress (a committed stage, a once-key) before its timer fired."""
+        if self.started_at is not None:
+            self._write_started()
+
     def _write_started(self) -> None:
         with self._started_lock:
             if self._start_written or self._settled:

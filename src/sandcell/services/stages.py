@@ -12,6 +12,7 @@ stored that nothing else refers to are removed again.
 import hashlib
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -32,6 +33,9 @@ class StageRecorder:
     def __init__(self, store: Store, blobs: BlobStore, job: Job, token: int) -> None:
         self.store, self.blobs, self.job, self.token = store, blobs, job, token
         self.storage_full: StorageFull | None = None  # a commit found the artifact disk full
+        # Called before a stage or once-key is recorded: a record that shows the program's
+        # progress says where it runs too (the sink's start, which it may still hold back).
+        self.before_progress: Callable[[], None] = lambda: None
 
     def commit_stage(self, name: str, files: list[tuple[str, BinaryIO]]) -> list[dict[str, object]]:
         """Store the files as artifacts and record the stage, all at once, before answering."""
@@ -41,6 +45,7 @@ class StageRecorder:
         for path, _ in files:
             _check_path(path)
         stored: list[Artifact] = []
+        self.before_progress()
         try:
             for path, content in files:
                 stored.append(self._store(name, path, content))
@@ -59,6 +64,7 @@ class StageRecorder:
     def once(self, key: str) -> bool:
         """True: run the block now (it is recorded first, so it never runs twice)."""
         _check_name(key)
+        self.before_progress()
         return self.store.record_once(self.job.id, self.token, key, time.time())
 
     def completed(self) -> list[str]:

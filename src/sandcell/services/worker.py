@@ -375,6 +375,7 @@ class Worker:
             patience_s=self.config.lease_s,
             notifier=self.notifier,
         )
+        recorder.before_progress = sink.write_start
         cancel = threading.Event()
         lost = sink.abandoned  # the lease is gone: nothing of this attempt may be written
         with self._lock:
