@@ -107,7 +107,8 @@ class JobSink:
 
     def write_start(self) -> None:
         """Write the start now, if the program is running and it is not written yet: the
-        program has shown progress (a committed stage, a once-key) before its timer fired."""
+        program has shown progress (output, a committed stage, a once-key) before its timer
+        fired."""
         if self.started_at is not None:
             self._write_started()
 
@@ -185,8 +186,8 @@ class JobSink:
             self._timer = None
         if self.abandoned.is_set():
             self._pending, self._pending_bytes = [], 0
-        if self._pending and self.started_at is not None:
-            self._write_started()  # before the logs: output shown means the start is too
+        if self._pending:
+            self.write_start()  # before the logs: output shown means the start is too
         for stream, data in self._pending:
             self._append_log(stream, bytes(data))
         if self._pending and self.notifier is not None:
