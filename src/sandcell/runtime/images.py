@@ -39,6 +39,7 @@ EGRESS_MOUNT_DIR = GUEST_SOCKET_DIR.lstrip("/")
 EGRESS_MOUNT_FILE = GUEST_CA_BUNDLE.lstrip("/")
 BUILD_TIMEOUT_S = 900
 COMPILE_TIMEOUT_S = 120
+COMPILE_SHARED = ("cc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-x", "c")  # source: stdin
 # Made by the host's C compiler at build: statx for the runsc this runs on (statx_compat.c).
 STATX_COMPAT = (
     "usr/lib/sandcell/libstatx-compat.so",
@@ -298,10 +299,9 @@ def _build_preloads(recipe: Recipe, rootfs: Path) -> None:
     for relpath, source in recipe.preload:
         target = _inside(recipe, rootfs, relpath)
         target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        compile_cmd = ["cc", "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-x", "c"]
         try:
             done = subprocess.run(
-                [*compile_cmd, "-o", str(target), "-"],
+                [*COMPILE_SHARED, "-o", str(target), "-"],
                 input=source,
                 capture_output=True,
                 text=True,
