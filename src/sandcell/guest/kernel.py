@@ -98,14 +98,18 @@ class Kernel:
     def reply(self, request_id: Any, result: dict[str, Any]) -> None:
         self.channel.send({"id": request_id, "result": result})
 
+    def answer(self, request_id: Any, result: dict[str, Any]) -> None:
+        """A reply from the main thread between cells, where SIGINT is ignored."""
+        self.channel.send_idle({"id": request_id, "result": result})
+
     def serve(self) -> None:
         while (request := self.cells.get()) is not None:
             op = request.get("op")
             if op == "shutdown":
-                self.reply(request.get("id"), {"bye": True})
+                self.answer(request.get("id"), {"bye": True})
                 return
             handler = {"preload": self.preload, "environ": self.environ}.get(str(op))
-            self.reply(request.get("id"), (handler or self.execute)(request))
+            self.answer(request.get("id"), (handler or self.execute)(request))
 
     def preload(self, request: Message) -> dict[str, Any]:
         """Import modules ahead of any cell: into sys.modules, not the user's namespace."""

@@ -26,22 +26,36 @@ OUTBOX_LINES = 256  # a host that stops reading slows the kernel down instead of
 
 
 class Channel:
-    """Requests in, messages out; a single writer thread keeps every line whole.
+    """Requests in, messages out; one writer at a time keeps every line whole, in order.
 
     Writers only ever enqueue: a KeyboardInterrupt can land in the main thread at any bytecode,
-    and must never leave half a line on the wire.
+    and must never leave half a line on the wire. `send_idle` is the one exception, for the
+    main thread between cells (where SIGINT is ignored): a cell's answer written by the thread
+    that has it, not handed to the writer thread first, a wake-up (~50 us in gVisor) saved on
+    every cell's round trip.
     """
 
     def __init__(self, read_fd: int, write_fd: int) -> None:
         self.reader = os.fdopen(read_fd, "rb", buffering=CHUNK)
         self.write_fd = write_fd
         self.outbox: queue.Queue[bytes | None] = queue.Queue(maxsize=OUTBOX_LINES)
+        self._writing = threading.Lock()  # held for each whole line written
         self.writer = threading.Thread(target=self._write_loop, name="wire-out", daemon=True)
         self.writer.start()
 
     def send(self, message: Message) -> None:
-        # ASCII only: lone surrogates and odd bytes from user output cannot break the encoding.
-        self.outbox.put(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        self.outbox.put(_line(message))
+
+    def send_idle(self, message: Message) -> None:
+        """Write `message` from this thread if every line queued before it is written;
+        otherwise queue it behind them. Only where no KeyboardInterrupt can land."""
+        with self._writing:
+            # Each queued line counts as unfinished until the writer has written it (task_done
+            # under this lock): none left means none can still come out after this one.
+            if self.outbox.unfinished_tasks == 0:
+                self._write(_line(message))
+                return
+        self.send(message)
 
     def requests(self) -> Iterator[Message]:
         """Each well-formed request; ends when the host closes the wire."""
@@ -60,12 +74,23 @@ class Channel:
 
     def _write_loop(self) -> None:
         while (data := self.outbox.get()) is not None:
-            view = memoryview(data)
-            try:
-                while view:
-                    view = view[os.write(self.write_fd, view) :]
-            except OSError:
-                os._exit(0)  # the host is gone: nobody is left to serve
+            with self._writing:
+                self._write(data)
+                self.outbox.task_done()
+        self.outbox.task_done()  # the stop too: nothing queued is left unwritten
+
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self.write_fd, view) :]
+        except OSError:
+            os._exit(0)  # the host is gone: nobody is left to serve
+
+
+def _line(message: Message) -> bytes:
+    # ASCII only: lone surrogates and odd bytes from user output cannot break the encoding.
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
 class OutputPump:
