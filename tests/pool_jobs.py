@@ -9,11 +9,13 @@ from sandcell.ports.runtime import SandboxSpec
 from tests.integration.conftest import GUEST_ENV
 
 # What a job sees of itself: run from the pool it must print what a cold `python
-# /job/main.py` would (see `like_cold_stdout`), and only its own stderr.
+# /job/main.py` would (see `like_cold_stdout`), and only its own stderr. GUEST_ENV sets
+# PYTHONUNBUFFERED: a print is in the pipe before what the job writes to fd 1 next.
 LIKE_COLD = (
     "import os, sys\n"
     "print(sys.argv, os.getcwd(), sorted(os.environ), sys.path[0], __name__, __file__)\n"
     "print('to stderr', file=sys.stderr)\n"
+    "print('printed,', end=' '); os.write(1, b'then written\\n')\n"
     "print(sys.stdin.read() == '', os.getuid())\n"
     "raise SystemExit(3)\n"
 )
@@ -42,7 +44,8 @@ LIMIT_CASES = [
 
 def like_cold_stdout() -> str:
     env = sorted(GUEST_ENV)
-    return f"['/job/main.py'] /workspace {env} /job __main__ /job/main.py\nTrue 65534\n"
+    first = f"['/job/main.py'] /workspace {env} /job __main__ /job/main.py\n"
+    return f"{first}printed, then written\nTrue 65534\n"
 
 
 def spec_for(image: Image, code: str, **limits: float) -> SandboxSpec:

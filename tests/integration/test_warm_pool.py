@@ -111,6 +111,16 @@ def test_a_pooled_job_runs_like_a_cold_one(pooled: PooledRuntime, python_image: 
     assert sink.stderr == "to stderr\n"  # nothing of the runner's imports or its own frames
 
 
+def test_a_cold_job_prints_what_a_pooled_one_must(
+    gvisor: GVisorRuntime, python_image: Image
+) -> None:
+    sink = RecordingSink()
+    result = gvisor.run(spec_for(python_image, LIKE_COLD), sink, threading.Event())
+    assert (result.reason, result.exit_code) == (Reason.EXIT_CODE, 3)  # type: ignore[attr-defined]
+    assert not result.pooled
+    assert (sink.stdout, sink.stderr) == (like_cold_stdout(), "to stderr\n")
+
+
 def test_an_uncaught_exception_shows_only_the_jobs_frames(
     pooled: PooledRuntime, python_image: Image
 ) -> None:

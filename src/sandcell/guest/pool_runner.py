@@ -100,11 +100,24 @@ def become(job: dict[str, Any], base_path: list[str]) -> None:
     sys.path[:] = [os.path.dirname(MAIN), *extra, *base_path]
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
     if env.get("PYTHONUNBUFFERED"):
-        for stream in (sys.stdout, sys.stderr):
-            if isinstance(stream, io.TextIOWrapper):
-                stream.reconfigure(write_through=True)
+        unbuffer_std()
     for name in RUNNER_MODULES:  # `import sandcell` must fail as it does in a cold sandbox
         sys.modules.pop(name, None)
+
+
+def unbuffer_std() -> None:
+    """sys.stdout and sys.stderr as `python -u` makes them: no buffer in either layer, so what
+    the job prints is in the pipe at once, in order with what its children write there. (A
+    text layer written through to a buffered one would still hold 8 KB back.)"""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        old.flush()
+        raw = io.FileIO(fd, "wb", closefd=False)
+        raw.name = f"<{name}>"  # as python names its own
+        stream = io.TextIOWrapper(raw, old.encoding, old.errors, "\n", write_through=True)
+        stream.mode = "w"  # type: ignore[misc]
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
 
 
 def job_source(job: dict[str, Any]) -> bytes | None:
