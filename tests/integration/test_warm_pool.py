@@ -37,6 +37,7 @@ from tests.pool_jobs import (
 pytestmark = pytest.mark.gvisor
 PROFILE = Limits()
 WAIT_S = 60.0
+SEEDED_HASH_OF_A = 4644417185603328019  # hash('a') under PYTHONHASHSEED=0, 64-bit CPython 3.11
 
 
 def wait_for(condition: object, timeout_s: float = WAIT_S) -> bool:
@@ -301,6 +302,18 @@ def test_jobs_with_limits_the_pool_cannot_honour_start_cold(
     spec = spec_for(python_image, "print('cold')", **limits)
     result, sink = run_pooled(pooled, spec, expect_pooled=False)
     assert result.reason is None and sink.stdout == "cold\n"  # type: ignore[attr-defined]
+    assert pooled.pool.stats.refused == 1 and pooled.pool.stats.hits == 0
+
+
+def test_a_job_that_sets_what_python_reads_at_start_starts_cold(
+    pooled: PooledRuntime, python_image: Image
+) -> None:
+    code = "import sys; print(hash('a'), sys.flags.hash_randomization)"
+    spec = spec_for(python_image, code)
+    spec = replace(spec, env=spec.env | {"PYTHONHASHSEED": "0"})
+    result, sink = run_pooled(pooled, spec, expect_pooled=False)
+    assert result.reason is None, sink.stderr  # type: ignore[attr-defined]
+    assert sink.stdout == f"{SEEDED_HASH_OF_A} 0\n"  # python's own for seed 0
     assert pooled.pool.stats.refused == 1 and pooled.pool.stats.hits == 0
 
 

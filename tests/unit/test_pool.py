@@ -34,6 +34,8 @@ def test_sizes_parse_and_reject_malformed_entries() -> None:
 
 def test_default_jobs_fit_the_pool_and_tighter_memory_too() -> None:
     assert pool_refusal(SPEC, Limits()) is None
+    env = {"PYTHONPATH": "/x", "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8", "TZ": "UTC", "A": "b"}
+    assert pool_refusal(replace(SPEC, env=env), Limits()) is None  # applied at hand-over
     tighter = Limits(memory_mb=64, cpu=0.5, timeout_s=5, output_mb=1)
     assert pool_refusal(replace(SPEC, limits=tighter), Limits()) is None
 
@@ -47,6 +49,10 @@ def test_default_jobs_fit_the_pool_and_tighter_memory_too() -> None:
         ({"egress": EgressAttachment(Path("/s"), Path("/ca"))}, "network"),
         ({"restore_outputs": [InputFile(Path("/x"), "x")]}, "restored outputs"),
         ({"argv": ["/bin/sh", "-c", "true"], "code": None}, "command"),
+        ({"env": {"PYTHONHASHSEED": "0"}}, "env"),  # read only as python starts
+        ({"env": {"PYTHONWARNINGS": "error"}}, "env"),
+        ({"env": {"LC_ALL": "C"}}, "env"),
+        ({"env": {"MPLBACKEND": "svg"}}, "env"),  # matplotlib was imported with Agg
     ],
 )
 def test_what_the_pool_cannot_honour_goes_cold(change: dict[str, object], why: str) -> None:

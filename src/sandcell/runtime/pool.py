@@ -13,9 +13,10 @@ The pool is generic over what it keeps warm (a `Warm` made by a `Factory`): job 
 shrink and the counters.
 
 What a pooled sandbox cannot honour goes cold (`pool_refusal`): the network (egress is
-mounted at boot), a retry's restored outputs, a command instead of code, and limits that are
-fixed at boot (pids: RLIMIT_NPROC; disk_mb: the scratch volume). Memory and CPU are tightened
-at hand-over; the timeout and the output cap are the host's to watch anyway.
+mounted at boot), a retry's restored outputs, a command instead of code, limits that are
+fixed at boot (pids: RLIMIT_NPROC; disk_mb: the scratch volume), and an environment that
+python reads only as it starts (`started_with`). Memory and CPU are tightened at hand-over;
+the timeout and the output cap are the host's to watch anyway.
 """
 
 import logging
@@ -31,6 +32,7 @@ from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.ports.images import ImageCatalog
 from sandcell.ports.runtime import SandboxSpec
+from sandcell.runtime.hand_over import RUNNER_ENV
 
 log = logging.getLogger("sandcell.runtime.pool")
 MiB = 1024 * 1024
@@ -85,6 +87,23 @@ class PoolConfig:
     preload_mb: dict[str, int] = field(default_factory=lambda: dict(PRELOAD_MB))
 
 
+# The runner is started with RUNNER_ENV; the job's own environment replaces it at hand-over.
+# These three the runner then applies itself (pool_runner.become); every other PYTHON*
+# variable (the hash seed, warnings, -O, dev mode, the int digit limit...) python reads only
+# as it starts, so a job that sets one runs cold.
+APPLIED_AT_HAND_OVER = frozenset({"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE"})
+# Also fixed in a started runner: the locale's encodings (python, at start) and matplotlib's
+# backend and config dir (at its import, for images that preload it).
+FIXED_AT_START = ("LANG", "LC_ALL", "LC_CTYPE", "MPLBACKEND", "MPLCONFIGDIR")
+
+
+def started_with(env: dict[str, str]) -> bool:
+    """Whether `env` sets something a started runner can no longer take."""
+    python = any(name.startswith("PYTHON") and name not in APPLIED_AT_HAND_OVER for name in env)
+    fixed = any(name in env and env[name] != RUNNER_ENV.get(name) for name in FIXED_AT_START)
+    return python or fixed
+
+
 def pool_refusal(spec: SandboxSpec, profile: Limits) -> str | None:
     """Why `spec` cannot run in a warm sandbox booted with `profile`; None if it can."""
     limits = spec.limits
@@ -92,6 +111,7 @@ def pool_refusal(spec: SandboxSpec, profile: Limits) -> str | None:
         (spec.egress is not None, "network"),
         (bool(spec.restore_outputs), "restored outputs"),
         (spec.code is None or spec.argv != [spec.image.python, "/job/main.py"], "command"),
+        (started_with(spec.env), "env"),
         (limits.pids != profile.pids, "pids"),
         (limits.disk_mb != profile.disk_mb, "disk_mb"),
         (limits.memory_mb > profile.memory_mb, "memory_mb"),
