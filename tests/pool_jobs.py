@@ -13,7 +13,8 @@ from tests.integration.conftest import GUEST_ENV
 # PYTHONUNBUFFERED: a print is in the pipe before what the job writes to fd 1 next.
 LIKE_COLD = (
     "import os, sys\n"
-    "print(sys.argv, os.getcwd(), sorted(os.environ), sys.path[0], __name__, __file__)\n"
+    "print(sys.argv, sys.orig_argv[1:], os.getcwd(), sorted(os.environ), sys.path[0])\n"
+    "print(__name__, __file__)\n"
     "print('to stderr', file=sys.stderr)\n"
     "print('printed,', end=' '); os.write(1, b'then written\\n')\n"
     "print(sys.stdin.read() == '', os.getuid())\n"
@@ -44,7 +45,7 @@ LIMIT_CASES = [
 
 def like_cold_stdout() -> str:
     env = sorted(GUEST_ENV)
-    first = f"['/job/main.py'] /workspace {env} /job __main__ /job/main.py\n"
+    first = f"['/job/main.py'] ['/job/main.py'] /workspace {env} /job\n__main__ /job/main.py\n"
     return f"{first}printed, then written\nTrue 65534\n"
 
 

@@ -96,6 +96,7 @@ def become(job: dict[str, Any], base_path: list[str]) -> None:
     if os.getcwd() != cwd:  # the runner starts there: a chdir is a walk through the gofer
         os.chdir(cwd)
     sys.argv = [str(arg) for arg in job["argv"][1:]]
+    sys.orig_argv[1:] = sys.argv  # as as_script.start has it: the job's, not the runner's
     extra = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [os.path.dirname(MAIN), *extra, *base_path]
     sys.dont_write_bytecode = bool(env.get("PYTHONDONTWRITEBYTECODE"))
