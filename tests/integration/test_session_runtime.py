@@ -221,6 +221,53 @@ def test_print_os_system_and_subprocess_output_are_captured(session: GVisorSessi
     assert streamed == result["stdout"]
 
 
+def test_printed_text_keeps_its_place_around_children_and_displays(
+    session: GVisorSession,
+) -> None:
+    events: list[CellEvent] = []
+    code = (
+        "import os, subprocess, sys\n"
+        "from multiprocessing import Pool\n"
+        "from IPython.display import HTML, display\n"
+        "print('a')\n"
+        "subprocess.run(['echo', 'b'])\n"
+        "print('c', end='')\n"
+        "os.system('echo !')\n"
+        "sys.stdout.buffer.write(b'd\\n')\n"
+        "if (pid := os.fork()) == 0:\n"
+        "    print('e from a forked child')\n"
+        "    os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+        "with Pool(2) as pool:\n"
+        "    print(pool.map(abs, [-1, -2]))\n"
+        "print('f')\n"
+        "display(HTML('<b>g</b>'))\n"
+        "print('h')\n"
+    )
+    result = session.execute(code, 30, events.append)
+    assert result["error"] is None, result["error"]
+    assert result["stdout"] == "a\nb\nc!\nd\ne from a forked child\n[1, 2]\nf\nh\n"
+    kinds = [e["type"] if e["type"] != "stdout" else e["text"] for e in events]
+    shown = kinds.index("display")
+    assert "".join(k for k in kinds[:shown] if k != "display").endswith("f\n")
+    assert kinds[shown + 1 :] in (["h\n"], ["display", "h\n"])  # text/plain and text/html
+
+
+def test_a_printing_loop_is_sent_in_batches_and_still_streams(session: GVisorSession) -> None:
+    events: list[tuple[float, CellEvent]] = []
+    loop = "for i in range(10_000):\n    print(i)\n"
+    result = session.execute(loop, 60, lambda e: events.append((time.monotonic(), e)))
+    assert result["stdout"] == "".join(f"{i}\n" for i in range(10_000))
+    assert 1 <= len(events) <= 20  # not one event (nor two writes) per print
+    events.clear()
+    result = session.execute("import time\nprint('early')\ntime.sleep(1.5)\n'done'", 30,
+                             lambda e: events.append((time.monotonic(), e)))  # fmt: skip
+    ended = time.monotonic()
+    assert result["result"] == "'done'" and result["stdout"] == "early\n"
+    [(at, early)] = events
+    assert early["text"] == "early\n" and ended - at > 1.0  # shown while the cell still ran
+
+
 def test_stdin_is_not_the_wire(session: GVisorSession) -> None:
     assert cell(session, "input()")["error"]["ename"] in ("EOFError", "StdinNotImplementedError")
     assert cell(session, "import sys; sys.stdin.read()")["result"] == "''"

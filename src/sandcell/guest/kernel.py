@@ -44,7 +44,7 @@ import threading
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from . import memory_fonts
+from . import batched_output, memory_fonts
 from .relay import relay
 from .wire import Channel, Message, OutputPump, capture
 
@@ -66,6 +66,7 @@ class Kernel:
         self.channel, self.shell = channel, shell
         self.cells: queue.Queue[Message | None] = queue.Queue()
         self.pumps: list[OutputPump] = []
+        self.std: list[batched_output.BatchedStream] = []  # ours, even if the user swaps them
         self.in_cell = False
         self.fonts_in_memory = False  # see memory_fonts.py: charts lay out text far faster
 
@@ -167,8 +168,8 @@ class Kernel:
         return count
 
     def settle_output(self) -> None:
-        """Everything the cell wrote reaches the host before its result does."""
-        for stream in (sys.stdout, sys.stderr):
+        """Everything the cell wrote reaches the host before its result (or display) does."""
+        for stream in (sys.stdout, sys.stderr, *self.std):
             with contextlib.suppress(OSError, ValueError):  # the user closed or replaced it
                 stream.flush()
         for pump in self.pumps:
@@ -189,6 +190,8 @@ def main() -> None:
     kernel = Kernel(channel, load_shell(channel))
     # Startup errors above still went to the original stderr (runsc's, kept by the host).
     kernel.pumps = [OutputPump(name, capture(fd), kernel.on_output) for name, fd in OUTPUTS]
+    kernel.std = batched_output.install()
+    kernel.shell.before_display = kernel.settle_output
     signal.signal(signal.SIGINT, kernel.on_sigint)
     threading.Thread(target=kernel.read_requests, name="wire-in", daemon=True).start()
     python, ipython = sys.version.split()[0], str(sys.modules["IPython"].__version__)

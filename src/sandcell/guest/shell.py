@@ -10,6 +10,7 @@ import base64
 import json
 import re
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from IPython.core.displayhook import DisplayHook
@@ -132,6 +133,7 @@ class Publisher(DisplayPublisher):  # type: ignore[misc]
 
     def publish(self, data: dict[str, Any], metadata: Any = None, *args: Any, **kw: Any) -> None:
         if self.shell.current is not None:
+            self.shell.before_display()  # what the cell printed before it comes first
             self.shell.current.display(data)
 
     def clear_output(self, wait: bool = False) -> None:
@@ -195,6 +197,7 @@ class SessionShell(InteractiveShell):  # type: ignore[misc]
     display_pub_class = Type(Publisher)
     channel: Channel
     current: Cell | None = None  # the running cell: where results, displays and errors go
+    before_display: Callable[[], None] = staticmethod(lambda: None)  # the kernel's settle
 
     def init_display_formatter(self) -> None:
         self.display_formatter = ResultFormatter(parent=self)
