@@ -118,6 +118,11 @@ def bare_python_once() -> None:
     subprocess.run([PYTHON, "-c", "print(1)"], check=True, capture_output=True)
 
 
+def bare_python_printing(code: str) -> None:
+    """A bare python running `code`, its output read from a pipe."""
+    subprocess.run([PYTHON, "-c", code], check=True, capture_output=True)
+
+
 @contextmanager
 def runsc_launcher(rootfs: Path) -> Iterator[Callable[[], None]]:
     """A function that does one cold `runsc run` of a minimal bundle over `rootfs`, printing 1."""

@@ -27,6 +27,7 @@ from typing import Any
 from bench import _http as jobs
 from bench._baselines import (
     bare_python,
+    bare_python_printing,
     busy_cpu_s,
     contract_runsc_launcher,
     isolated_bwrap_launcher,
@@ -50,6 +51,7 @@ COLD = UNLIMITED | {"SANDCELL_POOL_SIZE": "", "SANDCELL_SESSION_POOL_SIZE": ""}
 SESSION_POOLED = COLD | {"SANDCELL_SESSION_POOL_SIZE": "python-data=1"}
 POOL_READY_TIMEOUT_S = 60.0
 TRIVIAL = {"code": "print(1)"}
+PRINT_LOOP = "for i in range(10_000):\n    print(i)"  # a cell that prints a lot, and its baseline
 
 
 class Plan:
@@ -59,6 +61,7 @@ class Plan:
         self.chart_runs = 1 if quick else 6
         self.sessions = 1 if quick else 3
         self.cells = 10 if quick else 200
+        self.print_cells = 2 if quick else 10
         self.concurrency = (1, 4) if quick else (1, 4, 16)
         self.rounds = 1 if quick else 3  # throughput: ours and raw take turns this many times
 
@@ -254,6 +257,14 @@ def _round_trip(plan: Plan, http: Any, data_dir: Path, sid: str) -> dict[str, An
     out = {"execute_1+1": summary(via_api), "kernel_1+1": summary(kernel_ms)}
     out["direct_1+1"] = summary(straight)
     out["direct_1+1_stdlib_client"] = summary(straight_lean)
+    # Printing 10,000 lines: the cell over HTTP, and a bare python doing it into a pipe.
+    out["print_10000_lines"] = summary(
+        timed(lambda: jobs.execute(http, sid, PRINT_LOOP), plan.print_cells)
+    )
+    alone = summary(timed(lambda: bare_python_printing(PRINT_LOOP), plan.print_cells))
+    out["print_10000_lines_bare_python"] = alone
+    printed = out["print_10000_lines"]["median_ms"]
+    out["print_10000_lines_vs_python"] = ratio(printed, alone["median_ms"])
     out["empty_api_request"] = summary(timed(lambda: http.get("/healthz"), plan.cells))
     with worker_client(data_dir) as worker:
         empty = summary(timed(lambda: worker.get("/internal/none"), plan.cells))
