@@ -21,6 +21,10 @@ def pipe() -> Iterator[tuple[int, int]]:
     os.close(write_end)
 
 
+def batched(write_end: int, encoding: str = "utf-8") -> BatchedStream:
+    return BatchedStream(write_end, "<stdout>", encoding, "strict", threading.Event())
+
+
 def written(read_end: int) -> bytes:
     try:
         return os.read(read_end, 1 << 20)
@@ -46,7 +50,7 @@ def test_text_waits_in_memory_until_a_flush_and_goes_in_one_write(
 
 def test_a_full_batch_is_written_without_a_flush(pipe: tuple[int, int]) -> None:
     read_end, write_end = pipe
-    stream = BatchedStream(write_end, "<stdout>", "utf-8", "strict", threading.Event())
+    stream = batched(write_end)
     stream.write("x" * (BATCH_BYTES - 1))
     assert written(read_end) == b""
     stream.write("yz")
@@ -57,7 +61,7 @@ def test_line_buffering_writes_each_text_at_once_in_the_new_encoding(
     pipe: tuple[int, int],
 ) -> None:
     read_end, write_end = pipe
-    stream = BatchedStream(write_end, "<stdout>", "ascii", "strict", threading.Event())
+    stream = batched(write_end, "ascii")
     stream.write("kept ")
     stream.reconfigure(encoding="utf-8", line_buffering=True)  # what code for a tty asks
     assert written(read_end) == b"kept "
@@ -70,7 +74,7 @@ def test_a_forked_childs_stream_drops_the_parents_queue_and_writes_at_once(
     pipe: tuple[int, int],
 ) -> None:
     read_end, write_end = pipe
-    stream = BatchedStream(write_end, "<stdout>", "utf-8", "strict", threading.Event())
+    stream = batched(write_end)
     stream.write("the parent's, written by the parent\n")
     stream.unbatch()
     stream.write("the child's\n")
@@ -81,7 +85,7 @@ def test_a_closed_stream_refuses_text_and_a_bad_argument_is_a_type_error(
     pipe: tuple[int, int],
 ) -> None:
     read_end, write_end = pipe
-    stream = BatchedStream(write_end, "<stdout>", "utf-8", "strict", threading.Event())
+    stream = batched(write_end)
     with pytest.raises(TypeError):
         stream.write(b"bytes")  # type: ignore[arg-type]
     stream.write("last\n")

@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Any
 
+from .wire import write_all
+
 FLUSH_S = 0.05
 BATCH_BYTES = 1 << 16
 # Audit events raised just before a new process starts (os.system's and IPython's `!` too).
@@ -80,13 +82,6 @@ class BatchedStream(io.TextIOBase):
         with self._lock:
             self._write_out()
 
-    def close(self) -> None:
-        if not self.closed:
-            try:
-                self.flush()
-            finally:
-                super().close()
-
     def reconfigure(self, **options: Any) -> None:
         """What code written for a real stdout asks of it: encoding, errors, line buffering."""
         self.flush()
@@ -106,11 +101,10 @@ class BatchedStream(io.TextIOBase):
     def _write_out(self) -> None:
         if not self._parts:
             return
-        view = memoryview(b"".join(self._parts))
+        data = b"".join(self._parts)
         self._parts.clear()
         self._size = 0
-        while view:
-            view = view[os.write(self.fd, view) :]
+        write_all(self.fd, data)
 
 
 class _Bytes:

@@ -80,12 +80,17 @@ class Channel:
         self.outbox.task_done()  # the stop too: nothing queued is left unwritten
 
     def _write(self, data: bytes) -> None:
-        view = memoryview(data)
         try:
-            while view:
-                view = view[os.write(self.write_fd, view) :]
+            write_all(self.write_fd, data)
         except OSError:
             os._exit(0)  # the host is gone: nobody is left to serve
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """os.write until all of `data` is written (a pipe takes a large write in parts)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def _line(message: Message) -> bytes:
