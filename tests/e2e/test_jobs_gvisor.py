@@ -1,6 +1,7 @@
 """The job service end to end: real `sandcell serve`, real HTTP, real runsc sandboxes."""
 
 import hashlib
+import io
 import json
 import re
 import socket
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -327,3 +329,26 @@ def test_the_csv_to_chart_example_runs_as_a_job_on_python_data(server: Server) -
         and hashlib.sha256(png).hexdigest() == outputs["chart.png"]["sha256"]
     )
     assert logs.split() == ["10001", "30"]
+
+
+SPREADSHEET = """
+import pandas as pd
+sales = pd.DataFrame({"city": ["oslo", "rome"], "sales": [4, 18]})
+sales.to_excel("/output/sales.xlsx", index=False)
+back = pd.read_excel("/output/sales.xlsx")
+print(back["city"].tolist(), int(back["sales"].sum()))
+"""
+
+
+def test_a_python_data_job_writes_and_reads_a_spreadsheet(server: Server) -> None:
+    """pandas' `.xlsx` reader and writer (openpyxl) are in the image, as in peers' images."""
+    alice = server.tenant("xlsx")
+    job = run_job(server, alice, {"image": "python-data", "code": SPREADSHEET}, timeout=120)
+    assert job["state"] == "completed", job
+    [output] = job["outputs"]
+    with httpx.Client(base_url=server.url, headers=alice) as http:
+        logs = http.get(f"/v1/jobs/{job['id']}/logs").json()["stdout"]
+        xlsx = http.get(f"/v1/artifacts/{output['artifact_id']}/content").content
+    assert logs.strip() == "['oslo', 'rome'] 22"
+    with zipfile.ZipFile(io.BytesIO(xlsx)) as book:  # an Office Open XML workbook
+        assert "xl/workbook.xml" in book.namelist()

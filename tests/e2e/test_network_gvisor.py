@@ -125,3 +125,39 @@ def test_a_secret_reaches_only_its_host_and_never_the_caller(server: Server, pki
         everything += json.dumps(http.get("/v1/secrets").json())
     assert secret not in everything
     assert secret not in (server.data_dir / "serve.log").read_text()
+
+
+REQUESTS_FETCH = """
+import hashlib, requests
+answer = requests.get(URL, timeout=10)
+echoed = answer.json()["headers"]
+# Only a digest of what the server saw: the job's output must never hold a secret.
+print(answer.status_code, [hashlib.sha256(v.encode()).hexdigest()
+                           for k, v in echoed if k == "x-api-key"])
+"""
+
+
+def test_requests_on_python_data_goes_through_the_proxy_and_gets_the_secret(
+    server: Server, pki: TestPKI
+) -> None:
+    """`requests`, which agents' code reaches for first, trusts the job CA and takes the proxy
+    from the environment: the secret is added outside the sandbox, over TLS."""
+    alice = server.tenant("net-requests")
+    secret = "api-token-" + hashlib.sha256(b"requests").hexdigest()[:16]
+    with httpx.Client(base_url=server.url, headers=alice) as http:
+        http.post("/v1/secrets", json={"name": "api", "value": secret}).raise_for_status()
+    with EchoServer("127.0.0.1", pki.server_context(["secure.allowed.test"])) as secure:
+        url = f"https://secure.allowed.test:{secure.port}/echo"
+        body = {
+            "image": "python-data",
+            "code": REQUESTS_FETCH.replace("URL", repr(url)),
+            "network": {"allow": ["secure.allowed.test"]},
+            "secrets": [{"name": "api", "hosts": ["secure.allowed.test"], "header": "X-Api-Key"}],
+        }
+        job = run_job(server, alice, body, timeout=120)
+        assert job["state"] == "completed", job
+        assert [dict(r["headers"]).get("x-api-key") for r in secure.requests] == [secret]
+    with httpx.Client(base_url=server.url, headers=alice) as http:
+        logs = http.get(f"/v1/jobs/{job['id']}/logs").json()["stdout"]
+    digest = hashlib.sha256(secret.encode()).hexdigest()
+    assert logs.strip() == f"200 ['{digest}']"

@@ -103,12 +103,14 @@ RECIPES: dict[str, Recipe] = {
     # Debian's own builds from the configured mirror. numpy, pandas, matplotlib and IPython
     # are pinned: a mirror that serves other versions fails the build (debootstrap cannot
     # choose a version). The manifest records every installed package's version. IPython
-    # runs session kernels.
+    # runs session kernels; openpyxl is pandas' reader and writer of .xlsx, and requests is
+    # what agents' code reaches for first on an allowed host.
     "python-data": Recipe(
         name="python-data",
-        # 2: the guest channel's mount point; 3: the pins; 4: statx and COMMANDS. A new version
-        # is a new directory, so sandboxes running on version 3 keep their root while 4 is built.
-        version="4",
+        # 2: the guest channel's mount point; 3: the pins; 4: statx and COMMANDS; 5: openpyxl and
+        # requests. A new version is a new directory, so sandboxes running on version 4 keep
+        # their root while 5 is built.
+        version="5",
         packages=(
             *("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "socat"),
             *COMMANDS,
@@ -116,6 +118,7 @@ RECIPES: dict[str, Recipe] = {
             "python3-pandas=1.5.3+dfsg-2",  # pandas 1.5.3
             "python3-matplotlib=3.6.3-1+b1",  # matplotlib 3.6.3
             "python3-ipython=8.5.0-4",  # IPython 8.5.0
+            *("python3-openpyxl", "python3-requests"),
         ),
         # Debian's site rc says TkAgg; a sandbox has no display. Defaults come from mpl-data.
         files=(("etc/matplotlibrc", "backend: Agg\n"),),
