@@ -352,3 +352,30 @@ def test_a_python_data_job_writes_and_reads_a_spreadsheet(server: Server) -> Non
     assert logs.strip() == "['oslo', 'rome'] 22"
     with zipfile.ZipFile(io.BytesIO(xlsx)) as book:  # an Office Open XML workbook
         assert "xl/workbook.xml" in book.namelist()
+
+
+ANALYSIS = """
+import matplotlib.pyplot as plt, numpy as np, seaborn as sns
+from bs4 import BeautifulSoup
+from sklearn.linear_model import LinearRegression
+x = np.arange(20).reshape(-1, 1)
+y = 3 * x.ravel() + 1
+model = LinearRegression().fit(x, y)
+sns.regplot(x=x.ravel(), y=y)
+plt.savefig("/output/fit.png")
+cell = BeautifulSoup("<table><tr><td>42</td></tr></table>", "html.parser").td.text
+print(round(float(model.coef_[0]), 6), round(float(model.intercept_), 6), cell)
+"""
+
+
+def test_a_python_data_job_has_seaborn_scikit_learn_and_beautiful_soup(server: Server) -> None:
+    """What model-written analysis code imports most, beside pandas and matplotlib."""
+    alice = server.tenant("analysis")
+    job = run_job(server, alice, {"image": "python-data", "code": ANALYSIS}, timeout=120)
+    assert job["state"] == "completed", job
+    [output] = job["outputs"]
+    with httpx.Client(base_url=server.url, headers=alice) as http:
+        logs = http.get(f"/v1/jobs/{job['id']}/logs").json()["stdout"]
+        png = http.get(f"/v1/artifacts/{output['artifact_id']}/content").content
+    assert logs.split() == ["3.0", "1.0", "42"]
+    assert output["path"] == "fit.png" and png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -37,8 +37,8 @@ SANDBOX = (
 RUN_PYTHON = (
     SANDBOX + "Runs `code` once as a fresh Python 3 job and returns its stdout/stderr, final "
     "state, and the files it wrote; a job that fails comes back as an error with its logs. "
-    "`image`: 'python-data' (default: numpy, pandas, matplotlib) or 'python' (standard library "
-    "only, starts faster). "
+    "`image`: 'python-data' (default: numpy, pandas, matplotlib, seaborn, scipy, scikit-learn, "
+    "openpyxl, requests, bs4) or 'python' (standard library only, starts faster). "
     "Paths: `files` are placed read-only under /input (e.g. files={'data.csv': 'a,b\\n1,2'} "
     "becomes /input/data.csv; a value is the file's text, or 'base64:' followed by base64 for "
     "binary); /workspace is the writable working directory (discarded after the run); "
@@ -53,11 +53,12 @@ RUN_PYTHON = (
 )
 SESSION_EXECUTE = (
     SANDBOX + "Executes `code` in a stateful Jupyter-like Python session (the python-data image: "
-    "pandas, numpy, matplotlib and friends). Variables persist between calls with the same "
-    "`session_id`; omit it to start a new session, whose id is returned first — pass it back "
-    "on later calls and call session_stop when done. The last expression's value is returned as "
-    "`result`; plt.show() or displayed figures come back as PNG images. The working directory "
-    "is /workspace, where upload_to_session puts files. The session has no network access."
+    "pandas, numpy, matplotlib, seaborn, scipy, scikit-learn, openpyxl). Variables persist "
+    "between calls with the same `session_id`; omit it to start a new session, whose id is "
+    "returned first — pass it back on later calls and call session_stop when done. The last "
+    "expression's value is returned as `result`; plt.show() or displayed figures come back as "
+    "PNG images. The working directory is /workspace, where upload_to_session puts files. The "
+    "session has no network access."
 )
 
 

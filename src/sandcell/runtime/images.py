@@ -103,13 +103,14 @@ RECIPES: dict[str, Recipe] = {
     # Debian's own builds from the configured mirror. numpy, pandas, matplotlib and IPython
     # are pinned: a mirror that serves other versions fails the build (debootstrap cannot
     # choose a version). The manifest records every installed package's version. IPython
-    # runs session kernels; openpyxl is pandas' reader and writer of .xlsx, and requests is
-    # what agents' code reaches for first on an allowed host.
+    # runs session kernels. The rest is what model-written analysis code imports most, as in
+    # peers' code-interpreter images: seaborn, scikit-learn, openpyxl (pandas' .xlsx), and
+    # requests and Beautiful Soup for an allowed host.
     "python-data": Recipe(
         name="python-data",
-        # 2: the guest channel's mount point; 3: the pins; 4: statx and COMMANDS; 5: openpyxl and
-        # requests. A new version is a new directory, so sandboxes running on version 4 keep
-        # their root while 5 is built.
+        # 2: the guest channel's mount point; 3: the pins; 4: statx and COMMANDS; 5: the rest of
+        # the packages. A new version is a new directory, so sandboxes running on version 4
+        # keep their root while 5 is built.
         version="5",
         packages=(
             *("python3.11-minimal", "libpython3.11-stdlib", "ca-certificates", "socat"),
@@ -118,7 +119,8 @@ RECIPES: dict[str, Recipe] = {
             "python3-pandas=1.5.3+dfsg-2",  # pandas 1.5.3
             "python3-matplotlib=3.6.3-1+b1",  # matplotlib 3.6.3
             "python3-ipython=8.5.0-4",  # IPython 8.5.0
-            *("python3-openpyxl", "python3-requests"),
+            *("python3-seaborn", "python3-sklearn", "python3-openpyxl"),
+            *("python3-requests", "python3-bs4"),
         ),
         # Debian's site rc says TkAgg; a sandbox has no display. Defaults come from mpl-data.
         files=(("etc/matplotlibrc", "backend: Agg\n"),),
