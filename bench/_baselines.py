@@ -179,31 +179,31 @@ def _contract_dirs(root: Path) -> Scratch:
 
 
 @contextmanager
-def isolated_bwrap_launcher(rootfs: Path) -> Iterator[Callable[[], None]]:
+def isolated_bwrap_launcher(
+    rootfs: Path, disk_mb: int | None = None
+) -> Iterator[Callable[[], None]]:
     """A function that starts `print(1)` in a bwrap sandbox with only what issue 6 and the
     contract ask of that tier, launched as the runtime launches a job: a cgroup with the
     default job limits, rlimits, a host uid of its own without capabilities, every namespace,
     the seccomp filter, the image root read-only and the contract's four directories. No
-    scratch disk, no ready line, no watch, no service: what no job on this tier can beat."""
+    ready line, no watch, no service: what no job on this tier can beat. With `disk_mb`, each
+    start also gets a job's scratch disk of that size, made and torn down as the runtimes do
+    (a blank image's copy, loop-mounted); without it, plain directories."""
     with tempfile.TemporaryDirectory(dir="/var/tmp") as state:
         Path(state).chmod(0o711)
         runtime = BwrapRuntime(Path(state))
-        dirs = _contract_dirs(Path(state) / "floor")
+        plain = _contract_dirs(Path(state) / "floor")
         limits = Limits()
-        fs = [
-            *("--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev"),
-            *("--ro-bind", str(dirs.job), "/job", "--ro-bind", str(dirs.input), "/input"),
-            *("--bind", str(dirs.workspace), "/workspace", "--bind", str(dirs.output), "/output"),
-            *("--chdir", "/workspace", "--clearenv", "--setenv", "PATH", FLOOR_ENV["PATH"]),
-        ]
         counter = count()
 
         def once() -> None:
-            uid = runtime.uids.take()
-            cgroup = SandboxCgroup(f"{runtime.cgroup_parent}/floor-{next(counter)}")
+            n, uid = next(counter), runtime.uids.take()
+            disk = Path(state) / f"disk-{n}"
+            scratch = plain if disk_mb is None else _scratch_disk(runtime, disk, uid, disk_mb)
+            cgroup = SandboxCgroup(f"{runtime.cgroup_parent}/floor-{n}")
             cgroup.create(bwrap_cgroup_limits(limits, runtime.overhead_mb))
             seccomp_fd = memfd_with("sandcell-seccomp", runtime.seccomp_filter())
-            args_fd = args_memfd([*isolation_args(seccomp_fd), *fs])
+            args_fd = args_memfd([*isolation_args(seccomp_fd), *_floor_binds(rootfs, scratch)])
             try:
                 done = subprocess.run(
                     launcher(cgroup, uid, limits, args_fd, [PYTHON, "-c", "print(1)"]),
@@ -216,14 +216,36 @@ def isolated_bwrap_launcher(rootfs: Path) -> Iterator[Callable[[], None]]:
             finally:
                 os.close(seccomp_fd)
                 os.close(args_fd)
-            if done.stdout != b"1\n" or not cgroup.remove():
-                raise RuntimeError(f"isolated bwrap failed: {done.stderr[-500:]!r}")
+            left = [] if scratch is plain else scratch.teardown()
+            if done.stdout != b"1\n" or not cgroup.remove() or left:
+                raise RuntimeError(f"isolated bwrap failed: {done.stderr[-500:]!r} {left}")
             runtime.uids.give_back(uid)
 
         try:
             yield once
         finally:
             runtime.close()
+
+
+def _scratch_disk(runtime: BwrapRuntime, root: Path, uid: int, disk_mb: int) -> Scratch:
+    """A job's scratch as BwrapRun prepares it: its code, and the disk for /workspace and
+    /output, owned by the sandbox's uid."""
+    scratch = Scratch(root, runtime.blanks)
+    scratch.claim()
+    scratch.let_through()
+    scratch.create(b"print(1)\n", [], disk_mb)
+    for path in (scratch.workspace, scratch.output):
+        os.chown(path, uid, uid)
+    return scratch
+
+
+def _floor_binds(rootfs: Path, dirs: Scratch) -> list[str]:
+    return [
+        *("--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev"),
+        *("--ro-bind", str(dirs.job), "/job", "--ro-bind", str(dirs.input), "/input"),
+        *("--bind", str(dirs.workspace), "/workspace", "--bind", str(dirs.output), "/output"),
+        *("--chdir", "/workspace", "--clearenv", "--setenv", "PATH", FLOOR_ENV["PATH"]),
+    ]
 
 
 @contextmanager

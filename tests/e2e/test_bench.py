@@ -40,3 +40,23 @@ def test_bench_quick_measures_trivial_jobs_against_baselines(tmp_path: Path) -> 
     else:
         assert "cold only" in trivial["pooled"]
     assert "section_s" in trivial and "chart" not in report
+
+
+def test_the_least_service_runs_beside_the_floor_and_sandcell(tmp_path: Path) -> None:
+    """`bench.lower_bound`: every way runs its jobs (a failed one raises) and is reported."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: bwrap's cgroups and loop devices")
+    argv = ["--rounds", "1", "--jobs", "4", "--concurrency", "2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.lower_bound", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["floor"]["vs_floor"] == 1.0
+    for way in ("floor", "floor_with_disk", "least_service", "sandcell"):
+        assert len(report[way]["rate_by_round"]) == 1, report
+        assert report[way]["jobs_per_s"] > 0 and report[way]["cpu_ms_per_job"] > 0
