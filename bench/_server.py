@@ -27,12 +27,17 @@ UNLIMITED = {
 }
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
 def start_server(
     data_dir: Path, env: dict[str, str] | None = None
 ) -> tuple[subprocess.Popen[bytes], str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     full_env = (
         os.environ
         | {

@@ -23,7 +23,6 @@ Needs root and the built `python` image.
 import argparse
 import asyncio
 import json
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -40,7 +39,7 @@ import httpx
 
 from bench import _http as jobs
 from bench._baselines import isolated_bwrap_launcher
-from bench._server import IMAGE_DIR, server, tenant_client
+from bench._server import IMAGE_DIR, free_port, server, tenant_client
 from bench.suite import COLD, TRIVIAL, Spent, ratio
 from sandcell.domain.limits import Limits
 from sandcell.runtime.images import FilesystemImageCatalog
@@ -141,20 +140,20 @@ def _rounds(
 @contextmanager
 def _least_service(scratch: Path) -> Iterator[httpx.Client]:
     """The least service in its own process, and a kept-alive client to it."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     argv = [sys.executable, "-m", "bench.lower_bound", "--serve", str(scratch / "least.db")]
     proc = subprocess.Popen([*argv, str(port)])
     limits = httpx.Limits(max_connections=SLOTS, max_keepalive_connections=SLOTS)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, limits=limits) as http:
-            for _ in range(300):
+            for _ in range(300):  # 30 s
                 try:
                     http.get("/").raise_for_status()
                     break
                 except httpx.TransportError:
                     time.sleep(0.1)
+            else:
+                raise SystemExit("the least service did not come up in 30 s")
             yield http
     finally:
         proc.terminate()

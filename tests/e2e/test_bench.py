@@ -42,7 +42,7 @@ def test_bench_quick_measures_trivial_jobs_against_baselines(tmp_path: Path) -> 
     assert "section_s" in trivial and "chart" not in report
 
 
-def test_the_least_service_runs_beside_the_floor_and_sandcell(tmp_path: Path) -> None:
+def test_the_least_service_runs_beside_the_floor_and_sandcell() -> None:
     """`bench.lower_bound`: every way runs its jobs (a failed one raises) and is reported."""
     if os.geteuid() != 0:
         pytest.skip("needs root: bwrap's cgroups and loop devices")

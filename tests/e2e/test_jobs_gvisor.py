@@ -340,16 +340,22 @@ print(back["city"].tolist(), int(back["sales"].sum()))
 """
 
 
-def test_a_python_data_job_writes_and_reads_a_spreadsheet(server: Server) -> None:
-    """pandas' `.xlsx` reader and writer (openpyxl) are in the image, as in peers' images."""
-    alice = server.tenant("xlsx")
-    job = run_job(server, alice, {"image": "python-data", "code": SPREADSHEET}, timeout=120)
+def _python_data_job(server: Server, tenant: str, code: str) -> tuple[str, str, bytes]:
+    """A completed `python-data` job's stdout, and the path and content of its one output."""
+    headers = server.tenant(tenant)
+    job = run_job(server, headers, {"image": "python-data", "code": code}, timeout=120)
     assert job["state"] == "completed", job
     [output] = job["outputs"]
-    with httpx.Client(base_url=server.url, headers=alice) as http:
+    with httpx.Client(base_url=server.url, headers=headers) as http:
         logs = http.get(f"/v1/jobs/{job['id']}/logs").json()["stdout"]
-        xlsx = http.get(f"/v1/artifacts/{output['artifact_id']}/content").content
-    assert logs.strip() == "['oslo', 'rome'] 22"
+        content = http.get(f"/v1/artifacts/{output['artifact_id']}/content").content
+    return logs, output["path"], content
+
+
+def test_a_python_data_job_writes_and_reads_a_spreadsheet(server: Server) -> None:
+    """pandas' `.xlsx` reader and writer (openpyxl) are in the image, as in peers' images."""
+    logs, path, xlsx = _python_data_job(server, "xlsx", SPREADSHEET)
+    assert logs.strip() == "['oslo', 'rome'] 22" and path == "sales.xlsx"
     with zipfile.ZipFile(io.BytesIO(xlsx)) as book:  # an Office Open XML workbook
         assert "xl/workbook.xml" in book.namelist()
 
@@ -370,12 +376,6 @@ print(round(float(model.coef_[0]), 6), round(float(model.intercept_), 6), cell)
 
 def test_a_python_data_job_has_seaborn_scikit_learn_and_beautiful_soup(server: Server) -> None:
     """What model-written analysis code imports most, beside pandas and matplotlib."""
-    alice = server.tenant("analysis")
-    job = run_job(server, alice, {"image": "python-data", "code": ANALYSIS}, timeout=120)
-    assert job["state"] == "completed", job
-    [output] = job["outputs"]
-    with httpx.Client(base_url=server.url, headers=alice) as http:
-        logs = http.get(f"/v1/jobs/{job['id']}/logs").json()["stdout"]
-        png = http.get(f"/v1/artifacts/{output['artifact_id']}/content").content
+    logs, path, png = _python_data_job(server, "analysis", ANALYSIS)
     assert logs.split() == ["3.0", "1.0", "42"]
-    assert output["path"] == "fit.png" and png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path == "fit.png" and png[:8] == b"\x89PNG\r\n\x1a\n"
