@@ -117,6 +117,39 @@ def test_concurrent_claims_never_hand_one_job_to_two_workers(store: SqlStore) ->
     assert len(claimed) == 20 and len(set(claimed)) == 20
 
 
+def test_a_claim_takes_the_oldest_queued_jobs_up_to_what_it_asks_in_one_go(
+    store: SqlStore,
+) -> None:
+    tenant = _tenant(store)
+    now = time.time()
+    queued = [store.add_job(replace(_job(tenant), accepted_at=now + n), None) for n in range(5)]
+    first = store.claim_jobs("w1", now, 30, 3)
+    assert [job.id for job in first] == [job.id for job in queued[:3]]
+    assert all(job.state is JobState.RUNNING and job.worker_id == "w1" for job in first)
+    assert all(job.fencing_token == 1 for job in first)
+    rest = store.claim_jobs("w2", now, 30, 3)  # fewer than asked: the queue is empty
+    assert [job.id for job in rest] == [job.id for job in queued[3:]]
+    assert store.claim_jobs("w1", now, 30, 3) == []
+
+
+def test_concurrent_batch_claims_never_hand_one_job_to_two_workers(store: SqlStore) -> None:
+    tenant = _tenant(store)
+    for _ in range(30):
+        store.add_job(_job(tenant), None)
+    claimed: list[str] = []
+
+    def claim(worker: str) -> None:
+        while jobs := store.claim_jobs(worker, time.time(), 30, 4):
+            claimed.extend(job.id for job in jobs)
+
+    threads = [threading.Thread(target=claim, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(claimed) == 30 and len(set(claimed)) == 30
+
+
 def test_a_job_past_its_expiry_is_never_claimed_even_before_it_is_ended(
     store: SqlStore,
 ) -> None:

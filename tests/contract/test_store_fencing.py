@@ -273,19 +273,24 @@ def test_a_release_is_recorded_only_for_the_attempt_that_ended_the_job(
     store: SqlStore,  # noqa: F811
 ) -> None:
     job = _claimed(store)
-    store.record_release(job.id, job.fencing_token, True, "")  # still running: nothing
+    released = {"cpu_s": 1.0, "released": 1.0}
+    store.record_release(job.id, job.fencing_token, released, None)  # still running: nothing
+    found = store.get_job(None, job.id)
+    assert found is not None and found.usage == {}
     ended = replace(job, state=JobState.COMPLETED, finished_at=time.time(), usage={"cpu_s": 1.0})
     store.finish_job(replace(ended, usage=ended.usage | {"released": 0.0}), job.fencing_token)
-    store.record_release(job.id, job.fencing_token - 1, True, "")  # another attempt's
+    store.record_release(job.id, job.fencing_token - 1, released, None)  # another attempt's
     found = store.get_job(None, job.id)
     assert found is not None and found.usage == {"cpu_s": 1.0, "released": 0.0}
-    store.record_release(job.id, job.fencing_token, False, "not released: cgroup")
+    left = {"cpu_s": 1.0, "released": 0.0}
+    store.record_release(job.id, job.fencing_token, left, "not released: cgroup")
     found = store.get_job(None, job.id)
     assert found is not None and found.detail == "not released: cgroup"
     assert found.usage["released"] == 0.0
-    store.record_release(job.id, job.fencing_token, True, "")
+    store.record_release(job.id, job.fencing_token, released, None)
     found = store.get_job(None, job.id)
-    assert found is not None and found.usage == {"cpu_s": 1.0, "released": 1.0}
+    assert found is not None and found.usage == released
+    assert found.detail == "not released: cgroup"  # a later verified release keeps what was said
 
 
 def test_a_jobs_end_writes_its_last_logs_and_outputs_with_it(

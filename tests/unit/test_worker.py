@@ -231,7 +231,7 @@ def test_expiries_are_looked_at_every_second_and_other_workers_leftovers_thrice_
         worker_module, "time", SimpleNamespace(**(vars(time) | {"monotonic": lambda: clock["now"]}))
     )
     for _ in range(12):  # 12 s: a lease of 15 s is swept every 5 s
-        worker._tick(info)
+        worker._tick(info, free_slots=0)
         clock["now"] += 1.0
     assert calls == {"expire_unstarted": 12, "fail_lost_jobs": 3, "fail_orphan_sessions": 3}
 

@@ -64,6 +64,10 @@ class Store(Protocol):
 
     # jobs, seen by a worker (every write carries the fencing token)
     def claim_next(self, worker_id: str, now: float, lease_s: float) -> Job | None: ...
+    def claim_jobs(self, worker_id: str, now: float, lease_s: float, up_to: int) -> list[Job]:
+        """The oldest queued jobs, up to `up_to`, claimed in one transaction: fewer than
+        asked means none was left to claim."""
+
     def expire_unstarted(self, now: float) -> list[str]: ...
     def renew_lease(self, job_id: str, token: int, now: float, lease_s: float) -> bool:
         """Extend the lease; False when the lease is lost. Also reports cancel requests."""
@@ -93,10 +97,12 @@ class Store(Protocol):
         output artifacts, in one transaction; StaleLease (and nothing written) if `token` is
         not current."""
 
-    def record_release(self, job_id: str, token: int, released: bool, detail: str) -> None:
-        """After a job ended before its sandbox was released (ports.runtime.EarlySink): mark
-        the release verified (`usage.released` 1), or else set the detail that says what was
-        left. Only for the attempt `token` ended; a no-op otherwise."""
+    def record_release(
+        self, job_id: str, token: int, usage: dict[str, float], detail: str | None
+    ) -> None:
+        """After a job ended before its sandbox was released (ports.runtime.EarlySink): write
+        its usage as it ended with, `released` now known (1: verified), and with `detail`,
+        what was left. Only for the attempt `token` ended; a no-op otherwise."""
 
     def fail_lost_jobs(self, now: float) -> list[str]:
         """Jobs whose lease expired become failed/worker_lost; return their ids."""

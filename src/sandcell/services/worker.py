@@ -163,8 +163,9 @@ class Worker:
         with ThreadPoolExecutor(self.config.slots, thread_name_prefix="job") as pool:
             backoff = 0.0
             while not stop.is_set() and self.stop_mode is None:
+                asked = self._free_slots() if self.stop_mode is None else 0
                 try:
-                    job = self._tick(info)
+                    claimed = self._tick(info, asked)
                 except StoreUnavailable as exc:
                     # A database restart must not end the worker: its running jobs go on.
                     backoff = next_delay(backoff)
@@ -172,10 +173,10 @@ class Worker:
                     stop.wait(backoff)
                     continue
                 backoff = 0.0
-                if job is None:
+                for job in claimed:
+                    pool.submit(self._run_guarded, job)
+                if len(claimed) < asked or not claimed:  # the queue is empty, or no slot free
                     self._idle()
-                    continue
-                pool.submit(self._run_guarded, job)
             self._drain(info)
 
     def _idle(self) -> None:
@@ -187,8 +188,8 @@ class Worker:
         stop.wait()
         self._wake.set()
 
-    def _tick(self, info: WorkerInfo) -> Job | None:
-        """Housekeeping every `housekeeping_s`; then a claim, if a slot is free."""
+    def _tick(self, info: WorkerInfo, free_slots: int) -> list[Job]:
+        """Housekeeping every `housekeeping_s`; then a claim for the free slots, if any."""
         self._wake.clear()  # before the claim: a submit from now on wakes the next wait
         now = time.monotonic()
         if now >= self._next_housekeeping:
@@ -199,7 +200,7 @@ class Worker:
             self._next_housekeeping = time.monotonic() + self.config.housekeeping_s
             if sweep:
                 self._next_sweep = now + self.config.lease_s / SWEEPS_PER_LEASE
-        return self._claim() if self._free_slot() and self.stop_mode is None else None
+        return self._claim(free_slots) if free_slots and self.stop_mode is None else []
 
     def _drain(self, info: WorkerInfo) -> None:
         """Graceful stop: running jobs get their time (`_drain_budget`), then their sandboxes
@@ -248,16 +249,19 @@ class Worker:
         with self._lock:
             return self._running == 0
 
-    def _free_slot(self) -> bool:
+    def _free_slots(self) -> int:
         with self._lock:
-            return self._running < self.config.slots
+            return self.config.slots - self._running
 
-    def _claim(self) -> Job | None:
-        job = self.store.claim_next(self.config.worker_id, time.time(), self.config.lease_s)
-        if job is not None:
-            with self._lock:
-                self._running += 1
-        return job
+    def _claim(self, up_to: int) -> list[Job]:
+        """Every queued job a free slot can take, in one transaction: under load a burst of
+        submits is one claim, and a claim that gets fewer than it asked for shows the queue
+        empty, so the loop sleeps without another look."""
+        worker, lease_s = self.config.worker_id, self.config.lease_s
+        jobs = self.store.claim_jobs(worker, time.time(), lease_s, up_to)
+        with self._lock:
+            self._running += len(jobs)
+        return jobs
 
     def housekeeping(self, sweep: bool = True) -> None:
         """Jobs not started in time, and this worker's sessions past their time; with
@@ -393,8 +397,9 @@ class Worker:
         if early.error is not None:
             raise early.error
         if early.settled:
-            verified, detail = result.released, result.detail
-            self._patiently(lambda: self.store.record_release(job.id, token, verified, detail))
+            usage = job.usage | {"released": float(result.released)}
+            detail = None if result.released else result.detail
+            self._patiently(lambda: self.store.record_release(job.id, token, usage, detail))
             return None
         if lost.is_set():
             sink.discard_outputs()

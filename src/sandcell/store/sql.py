@@ -95,10 +95,13 @@ _QUEUED = (
     .order_by(jobs.c.accepted_at)
     .limit(1)
 )
-_CANDIDATE = _QUEUED.with_for_update(skip_locked=True)
+_CANDIDATES = _QUEUED.limit(bindparam("up_to")).with_for_update(skip_locked=True)
 _CLAIM = (
     update(jobs)
-    .where(jobs.c.id == bindparam("job"), jobs.c.state == JobState.ACCEPTED.value)
+    .where(
+        jobs.c.id.in_(bindparam("jobs", expanding=True)),
+        jobs.c.state == JobState.ACCEPTED.value,
+    )
     .values(
         state=JobState.RUNNING.value,
         worker_id=bindparam("worker"),
@@ -106,7 +109,7 @@ _CLAIM = (
         lease_expires_at=bindparam("expires"),
         fencing_token=jobs.c.fencing_token + 1,
     )
-    .returning(*jobs.c)  # the claimed job itself: no read after the write
+    .returning(*jobs.c)  # the claimed jobs themselves: no read after the write
 )
 _JOB = select(jobs).where(jobs.c.id == bindparam("job"))
 _JOB_OF_TENANT = _JOB.where(jobs.c.tenant_id == bindparam("tenant"))
@@ -143,7 +146,6 @@ _ENDED = and_(
     jobs.c.fencing_token == bindparam("of_token"),
     jobs.c.state.in_(TERMINAL),
 )
-_ENDED_USAGE = select(jobs.c.usage).where(_ENDED).with_for_update()
 _RECORD_RELEASE = update(jobs).where(_ENDED)  # the SET clause: the values given
 _LAST_LOG_SEQ = select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == bindparam("job"))
 _INSERT_LOGS = insert(job_logs)
@@ -643,18 +645,21 @@ class SqlStore:
     # jobs, seen by a worker
 
     def claim_next(self, worker_id: str, now: float, lease_s: float) -> Job | None:
-        # A look first, outside any write: most claims find nothing (a worker claims until it
-        # misses), and on SQLite a write transaction queues behind every other writer.
+        return next(iter(self.claim_jobs(worker_id, now, lease_s, 1)), None)
+
+    def claim_jobs(self, worker_id: str, now: float, lease_s: float, up_to: int) -> list[Job]:
+        # A look first, outside any write: a claim after a wake-up may find nothing, and on
+        # SQLite a write transaction queues behind every other writer.
         with self._read() as conn:
             if conn.execute(_QUEUED, {"now": now}).scalar() is None:
-                return None
+                return []
         with self._tx() as conn:
-            job_id = conn.execute(_CANDIDATE, {"now": now}).scalar()
-            if job_id is None:
-                return None
-            claimed = {"job": job_id, "worker": worker_id, "now": now, "expires": now + lease_s}
-            row = conn.execute(_CLAIM, claimed).first()
-        return None if row is None else _job_from_row(row)
+            ids = list(conn.execute(_CANDIDATES, {"now": now, "up_to": up_to}).scalars())
+            if not ids:
+                return []
+            claimed = {"jobs": ids, "worker": worker_id, "now": now, "expires": now + lease_s}
+            rows = conn.execute(_CLAIM, claimed).all()
+        return sorted(map(_job_from_row, rows), key=lambda job: job.accepted_at)
 
     def expire_unstarted(self, now: float) -> list[str]:
         due = and_(
@@ -763,16 +768,12 @@ class SqlStore:
                 _insert_logs(conn, job.id, logs)
             _insert_artifacts(conn, job.id, outputs)
 
-    def record_release(self, job_id: str, token: int, released: bool, detail: str) -> None:
-        owner = _owner(job_id, token)
-        with self._tx() as conn:
-            row = conn.execute(_ENDED_USAGE, owner).first()
-            if row is None:
-                return
-            values: dict[str, Any] = {"usage": {**row.usage, "released": float(released)}}
-            if not released:
-                values["detail"] = detail
-            conn.execute(_RECORD_RELEASE, values | owner)
+    def record_release(
+        self, job_id: str, token: int, usage: dict[str, float], detail: str | None
+    ) -> None:
+        values: dict[str, Any] = {"usage": usage} | ({"detail": detail} if detail else {})
+        with self._tx() as conn:  # one write, no read: the worker knows the usage it ended with
+            conn.execute(_RECORD_RELEASE, values | _owner(job_id, token))
 
     def fail_lost_jobs(self, now: float) -> list[str]:
         """Settle jobs whose lease ran out: re-queue those with attempts left, fail the rest."""
