@@ -128,7 +128,7 @@ def build_services(settings: Settings) -> Services:
     return Services(
         store=store,
         images=images,
-        auth=AuthService(store, settings.admin_key),
+        auth=AuthService(store, settings.admin_key, jobs.notifier),
         jobs=jobs,
         sessions=sessions,
         files=FileService(store, blobs, signing_key(settings), settings.max_file_bytes),

@@ -11,13 +11,12 @@ from fastapi.testclient import TestClient
 from sandcell.api.direct import install_direct
 from sandcell.api.internal import TOKEN_HEADER, create_internal_app
 from sandcell.domain.errors import Unauthorized
+from sandcell.services.auth import REVOKED_REFRESH_S, RevokedKeys
 from sandcell.services.direct_cells import (
     DIRECT_TTL_S,
-    REVOKED_REFRESH_S,
     DirectCells,
     DirectGrant,
     DirectTokens,
-    RevokedKeys,
 )
 from tests.conftest import ADMIN_KEY, INTERNAL_TOKEN, Api
 
@@ -162,7 +161,7 @@ def test_the_worker_reads_revoked_keys_at_most_once_a_second() -> None:
             return ["key_gone"]
 
     store = Counting()
-    revoked = RevokedKeys(store)  # type: ignore[arg-type]
+    revoked = RevokedKeys(store, 2 * DIRECT_TTL_S)  # type: ignore[arg-type]
     assert "key_gone" in revoked and "key_kept" not in revoked
     assert len(store.reads) == 1
     # Every key revoked within twice a token's lifetime: only those can have minted one still

@@ -3,6 +3,7 @@
 from dataclasses import dataclass
 from typing import Annotated
 
+from anyio import to_thread
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
@@ -42,12 +43,14 @@ async def services(request: Request) -> Services:
 bearer = HTTPBearer(auto_error=False, description="an API key: sc_<id>_<secret>")
 
 
-def principal(
+async def principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
+    """Async: a key checked lately is known without a read, and without a thread's hop."""
     header = f"Bearer {credentials.credentials}" if credentials else None
-    return services_of(request).auth.authenticate(header)
+    auth = services_of(request).auth
+    return auth.at_hand(header) or await to_thread.run_sync(auth.authenticate, header)
 
 
 async def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:

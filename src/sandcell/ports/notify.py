@@ -29,7 +29,11 @@ JOB_LOGS = "sandcell_job_logs"
 JOB_CANCEL = "sandcell_job_cancel"
 """A running job was asked to stop. Payload: the job id."""
 
-CHANNELS = (JOB_QUEUED, JOB_DONE, JOB_LOGS, JOB_CANCEL)
+KEY_REVOKED = "sandcell_key_revoked"
+"""An API key was revoked: processes that trusted it lately must check it again. Payload: the
+key id."""
+
+CHANNELS = (JOB_QUEUED, JOB_DONE, JOB_LOGS, JOB_CANCEL, KEY_REVOKED)
 
 ANY = ""
 """The payload of a wake-up that may concern every job (e.g. after a listener reconnected)."""

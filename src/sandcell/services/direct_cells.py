@@ -19,7 +19,6 @@ import base64
 import hashlib
 import hmac
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -29,11 +28,11 @@ from sandcell.domain.errors import Conflict, SandcellError, Unauthorized
 from sandcell.ports.session_hosts import SessionHost
 from sandcell.ports.sessions import CellResult
 from sandcell.ports.store import Store
+from sandcell.services.auth import RevokedKeys
 
 log = logging.getLogger("sandcell.sessions")
 
 DIRECT_TTL_S = 900.0
-REVOKED_REFRESH_S = 1.0  # how stale the worker's view of revoked keys may be
 _PURPOSE = b"sandcell direct cells\n"
 
 
@@ -80,30 +79,6 @@ class DirectTokens:
         return base64.urlsafe_b64encode(digest).decode().rstrip("=")
 
 
-class RevokedKeys:
-    """The API keys revoked lately, as the store had them at most `REVOKED_REFRESH_S` ago.
-
-    Only a key revoked within a token's lifetime can have minted a token still valid, so only
-    those are read (twice that span back, against clocks that differ between hosts). A store
-    that cannot answer refuses the cell (503), as the API's own key check would.
-    """
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-        self._ids: frozenset[str] = frozenset()
-        self._read_at = -REVOKED_REFRESH_S
-        self._lock = threading.Lock()
-
-    def __contains__(self, key_id: object) -> bool:
-        with self._lock:
-            now = time.monotonic()
-            if now - self._read_at >= REVOKED_REFRESH_S:
-                since = time.time() - 2 * DIRECT_TTL_S
-                self._ids = frozenset(self.store.revoked_key_ids(since))
-                self._read_at = now
-            return key_id in self._ids
-
-
 def record_cell(
     store: Store,
     session_id: str,
@@ -134,7 +109,8 @@ class DirectCells:
         limits: tuple[int, int] = (KEEP_CELLS, CELL_CHARS),
     ) -> None:
         self.host, self.store, self.tokens, self.limits = host, store, tokens, limits
-        self.revoked = RevokedKeys(store)
+        # Only a key revoked within a token's lifetime can have minted one still valid.
+        self.revoked = RevokedKeys(store, 2 * DIRECT_TTL_S)
 
     def execute(self, token: str, session_id: str, code: str, timeout_s: float) -> CellResult:
         grant = self.tokens.grant_of(token, session_id, time.time())
