@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from sandcell.domain.errors import Unauthorized
+from sandcell.domain.records import ApiKey
 from sandcell.ports.notify import LocalNotifier
 from sandcell.services.auth import REVOKED_REFRESH_S, AuthService
 from sandcell.store.sql import SqlStore
