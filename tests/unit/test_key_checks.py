@@ -21,7 +21,7 @@ class CountingStore:
         self._store = store
         self.key_reads = 0
 
-    def get_api_key(self, key_id: str):
+    def get_api_key(self, key_id: str) -> tuple[ApiKey, str] | None:
         self.key_reads += 1
         return self._store.get_api_key(key_id)
 
