@@ -17,6 +17,7 @@ from sandcell.domain.images import Image
 from sandcell.runtime.digest import tree_digest
 from sandcell.runtime.guest_mounts import ensure_guest_package
 from sandcell.runtime.images import (
+    LOOKED_UP_S,
     RECIPES,
     STATX_COMPAT,
     FilesystemImageCatalog,
@@ -176,6 +177,18 @@ def test_catalog_serves_the_newest_complete_build(tmp_path: Path) -> None:
     image = FilesystemImageCatalog(tmp_path).get("python")
     assert (image.version, image.rootfs) == ("2", newest / "rootfs")
     assert FilesystemImageCatalog(tmp_path).names() == ["python"]
+
+
+def test_a_new_build_is_served_within_a_second_of_the_last_look(tmp_path: Path) -> None:
+    catalog = FilesystemImageCatalog(tmp_path)
+    _fake_build(tmp_path, "python", "1", "2026-01-01T00:00:00+00:00")
+    assert catalog.get("python").version == "1"
+    _fake_build(tmp_path, "python", "2", "2026-02-01T00:00:00+00:00")
+    looked = time.monotonic()
+    while (served := catalog.get("python").version) == "1":
+        assert time.monotonic() - looked < LOOKED_UP_S + 0.5
+        time.sleep(0.05)
+    assert served == "2"
 
 
 def test_pins_are_exact_debian_versions_and_a_mismatch_is_named() -> None:

@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -175,6 +176,9 @@ def build_image(name: str, images_dir: Path, *, force: bool = False) -> Image:
     return installed.image(final)
 
 
+LOOKED_UP_S = 1.0
+
+
 def verify(image: Image, *, full: bool = False) -> None:
     """Raise ImageUnavailable unless `image` is still what its manifest says.
 
@@ -190,21 +194,31 @@ def verify(image: Image, *, full: bool = False) -> None:
 
 
 class FilesystemImageCatalog:
-    """The ImageCatalog over `images_dir`: trusts manifests, checks the rootfs exists."""
+    """The ImageCatalog over `images_dir`: trusts manifests, checks the rootfs exists.
+
+    An image found is served for LOOKED_UP_S without another look at the disk (every submit
+    and every claim asks for one): a new build is served within that.
+    """
 
     def __init__(self, images_dir: Path) -> None:
         self.images_dir = images_dir
+        self._found: dict[str, tuple[Image, float]] = {}
 
     def get(self, name: str) -> Image:
         if not NAME.match(name):  # names come from requests: never let them walk the disk
             raise ImageUnavailable(f"image {name!r} is not a valid image name")
+        found = self._found.get(name)
+        if found is not None and time.monotonic() - found[1] < LOOKED_UP_S:
+            return found[0]
         builds = self._builds(name)
         if not builds:
             raise ImageUnavailable(
                 f"image {name!r} is not built; run `sandcell image build {name}`"
             )
         version_dir, manifest = builds[-1]
-        return manifest.image(version_dir)
+        image = manifest.image(version_dir)
+        self._found[name] = (image, time.monotonic())
+        return image
 
     def names(self) -> list[str]:
         if not self.images_dir.is_dir():
