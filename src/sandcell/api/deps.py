@@ -50,7 +50,8 @@ async def principal(
     """Async: a key checked lately is known without a read, and without a thread's hop."""
     header = f"Bearer {credentials.credentials}" if credentials else None
     auth = services_of(request).auth
-    return auth.at_hand(header) or await to_thread.run_sync(auth.authenticate, header)
+    known = auth.at_hand(header)
+    return known if known is not None else await to_thread.run_sync(auth.authenticate, header)
 
 
 async def admin(who: Annotated[Principal, Depends(principal)]) -> Principal:
