@@ -1,9 +1,12 @@
 """An admin changes a tenant's quotas: validated like at creation, applied to the next request,
 audited; tenants cannot, and an unknown tenant is 404."""
 
+import time
+
 import pytest
 
 from sandcell.domain.errors import InvalidRequest
+from sandcell.services.jobs import TENANT_FRESH_S
 from tests.conftest import ADMIN_KEY, Api
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
@@ -78,3 +81,20 @@ def test_the_service_refuses_names_that_are_not_quotas(api: Api) -> None:
     with pytest.raises(InvalidRequest) as refused:
         api.services.auth.set_quotas(tenant_id, {"gpus": 1})
     assert [e.field for e in refused.value.errors] == ["quotas.gpus"]
+
+
+def test_a_job_submit_is_held_to_changed_quotas_at_once_and_to_unheard_ones_within_a_second(
+    api: Api,
+) -> None:
+    tenant_id, alice = _tenant(api, "carol")
+    job = {"code": "print(1)"}
+    assert api.http.post("/v1/jobs", json=job, headers=alice).status_code == 202  # tenant kept
+    assert _patch(api, tenant_id, {"quotas": {"concurrent_jobs": 1}})["status"] == 200
+    refused = api.http.post("/v1/jobs", json=job, headers=alice)  # the change was heard
+    assert refused.status_code == 429, refused.text
+    # Another process's change whose notification was lost: seen within TENANT_FRESH_S.
+    api.services.store.patch_tenant_quotas(tenant_id, {"concurrent_jobs": 16})
+    changed_at = time.monotonic()
+    while api.http.post("/v1/jobs", json=job, headers=alice).status_code == 429:
+        assert time.monotonic() - changed_at < TENANT_FRESH_S + 0.5
+        time.sleep(0.05)

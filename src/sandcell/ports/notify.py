@@ -33,7 +33,10 @@ KEY_REVOKED = "sandcell_key_revoked"
 """An API key was revoked: processes that trusted it lately must check it again. Payload: the
 key id."""
 
-CHANNELS = (JOB_QUEUED, JOB_DONE, JOB_LOGS, JOB_CANCEL, KEY_REVOKED)
+TENANT_CHANGED = "sandcell_tenant_changed"
+"""A tenant's quotas changed: processes that kept it must read it again. Payload: its id."""
+
+CHANNELS = (JOB_QUEUED, JOB_DONE, JOB_LOGS, JOB_CANCEL, KEY_REVOKED, TENANT_CHANGED)
 
 ANY = ""
 """The payload of a wake-up that may concern every job (e.g. after a listener reconnected)."""

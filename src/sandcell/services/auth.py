@@ -20,7 +20,7 @@ from sandcell.domain.errors import FieldError, Forbidden, InvalidRequest, NotFou
 from sandcell.domain.ids import new_id
 from sandcell.domain.quotas import Quotas
 from sandcell.domain.records import ApiKey, Tenant
-from sandcell.ports.notify import ANY, KEY_REVOKED, LocalNotifier, Notifier
+from sandcell.ports.notify import ANY, KEY_REVOKED, TENANT_CHANGED, LocalNotifier, Notifier
 from sandcell.ports.store import Store
 from sandcell.services.audit import AuditLog
 
@@ -165,6 +165,7 @@ class AuthService:
         tenant = self.store.patch_tenant_quotas(tenant_id, changes)
         if tenant is None:
             raise NotFound("no such tenant")
+        self.notifier.notify(TENANT_CHANGED, tenant_id)  # the next submission is held to them
         self.audit.record(
             "tenant.quotas", actor=actor, tenant_id=tenant_id, target=tenant_id, changes=changes
         )

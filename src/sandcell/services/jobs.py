@@ -20,7 +20,15 @@ from sandcell.domain.records import Artifact, InputRef, Job, JobSpec, LogChunk, 
 from sandcell.domain.states import JobState
 from sandcell.ports.artifacts import BlobStore
 from sandcell.ports.images import ImageCatalog
-from sandcell.ports.notify import JOB_CANCEL, JOB_DONE, JOB_QUEUED, LocalNotifier, Notifier
+from sandcell.ports.notify import (
+    ANY,
+    JOB_CANCEL,
+    JOB_DONE,
+    JOB_QUEUED,
+    TENANT_CHANGED,
+    LocalNotifier,
+    Notifier,
+)
 from sandcell.ports.secrets import NetworkValidator
 from sandcell.ports.store import Store
 from sandcell.services.audit import AuditLog
@@ -73,6 +81,9 @@ def decode_cursor(cursor: str) -> tuple[float, str]:
         raise InvalidRequest(errors=[FieldError("cursor", "not a cursor from this API")]) from exc
 
 
+TENANT_FRESH_S = 1.0
+
+
 class JobService:
     def __init__(
         self,
@@ -93,6 +104,10 @@ class JobService:
         self.check = RequestValidator(
             store, images, policy.default_limits, policy.max_limits, network
         )
+        # Tenants as read lately: a submit needs its tenant's limits and quotas, which change
+        # seldom; a change is heard at once (TENANT_CHANGED), or seen within TENANT_FRESH_S.
+        self._tenants: dict[str, tuple[Tenant, float]] = {}
+        self.notifier.listen(TENANT_CHANGED, self._forget_tenant)
 
     # submit
 
@@ -122,10 +137,21 @@ class JobService:
         return self.policy.quotas_for(self._tenant(who))
 
     def _tenant(self, who: Principal) -> Tenant:
-        tenant = self.store.get_tenant(who.tenant())
+        tenant_id = who.tenant()
+        found = self._tenants.get(tenant_id)
+        if found is not None and time.monotonic() - found[1] < TENANT_FRESH_S:
+            return found[0]
+        tenant = self.store.get_tenant(tenant_id)
         if tenant is None:
             raise NotFound("tenant no longer exists")
+        self._tenants[tenant_id] = (tenant, time.monotonic())
         return tenant
+
+    def _forget_tenant(self, tenant_id: str) -> None:  # any thread; ANY: every tenant
+        if tenant_id == ANY:
+            self._tenants.clear()
+        else:
+            self._tenants.pop(tenant_id, None)
 
     def _validated_spec(self, tenant: Tenant, sub: Submission) -> JobSpec:
         errors: list[FieldError] = []
