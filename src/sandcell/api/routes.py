@@ -131,8 +131,9 @@ async def submit_job(
 def _submit(
     svc: Svc, who: Caller, body: JobIn, response: Response, idempotency_key: str | None
 ) -> Job:
-    fingerprint = body_fingerprint(body.model_dump(mode="json"))
-    key = (idempotency_key, fingerprint) if idempotency_key is not None else None
+    key = None
+    if idempotency_key is not None:  # a replay must carry the same body
+        key = (idempotency_key, body_fingerprint(body.model_dump(mode="json")))
     job, created = svc.jobs.submit(who, _submission(body), key)
     if not created:
         response.status_code = 200

@@ -64,9 +64,12 @@ class Store(Protocol):
 
     # jobs, seen by a worker (every write carries the fencing token)
     def claim_next(self, worker_id: str, now: float, lease_s: float) -> Job | None: ...
-    def claim_jobs(self, worker_id: str, now: float, lease_s: float, up_to: int) -> list[Job]:
+    def claim_jobs(
+        self, worker_id: str, now: float, lease_s: float, up_to: int, look_first: bool = True
+    ) -> list[Job]:
         """The oldest queued jobs, up to `up_to`, claimed in one transaction: fewer than
-        asked means none was left to claim."""
+        asked means none was left to claim. `look_first`: a read first, so that a claim that
+        finds nothing takes no write lock (False when a job is known to be queued)."""
 
     def expire_unstarted(self, now: float) -> list[str]: ...
     def renew_lease(self, job_id: str, token: int, now: float, lease_s: float) -> bool:

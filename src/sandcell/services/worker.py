@@ -117,6 +117,7 @@ class Worker:
         self.config = config
         self.notifier: Notifier = notifier or LocalNotifier()
         self._wake = threading.Event()  # a job was queued, a slot freed, or stop was asked
+        self._queued = threading.Event()  # a submit was heard since the last claim
         self.egress, self.secrets, self.sessions = egress, secrets, sessions
         self.channels = channels
         self._running = 0
@@ -144,12 +145,14 @@ class Worker:
             self.config.url,
         )
         unlisten = wake_on(self.notifier, JOB_QUEUED, self._wake)
+        unhear = wake_on(self.notifier, JOB_QUEUED, self._queued)
         stopping = threading.Thread(target=self._wake_on_stop, args=(stop,), daemon=True)
         stopping.start()
         try:
             self._claim_loop(stop, info)
         finally:
             unlisten()
+            unhear()
             if self.sessions is not None:
                 self.sessions.pause_all()  # checkpointed sessions resume after a restart
             if isinstance(self.sessions, Closeable):
@@ -258,7 +261,9 @@ class Worker:
         submits is one claim, and a claim that gets fewer than it asked for shows the queue
         empty, so the loop sleeps without another look."""
         worker, lease_s = self.config.worker_id, self.config.lease_s
-        jobs = self.store.claim_jobs(worker, time.time(), lease_s, up_to)
+        heard = self._queued.is_set()  # a job was submitted: no look needed before the claim
+        self._queued.clear()
+        jobs = self.store.claim_jobs(worker, time.time(), lease_s, up_to, look_first=not heard)
         with self._lock:
             self._running += len(jobs)
         return jobs

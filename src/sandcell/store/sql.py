@@ -653,12 +653,15 @@ class SqlStore:
     def claim_next(self, worker_id: str, now: float, lease_s: float) -> Job | None:
         return next(iter(self.claim_jobs(worker_id, now, lease_s, 1)), None)
 
-    def claim_jobs(self, worker_id: str, now: float, lease_s: float, up_to: int) -> list[Job]:
+    def claim_jobs(
+        self, worker_id: str, now: float, lease_s: float, up_to: int, look_first: bool = True
+    ) -> list[Job]:
         # A look first, outside any write: a claim after a wake-up may find nothing, and on
         # SQLite a write transaction queues behind every other writer.
-        with self._read() as conn:
-            if conn.execute(_QUEUED, {"now": now}).scalar() is None:
-                return []
+        if look_first:
+            with self._read() as conn:
+                if conn.execute(_QUEUED, {"now": now}).scalar() is None:
+                    return []
         with self._tx() as conn:
             ids = list(conn.execute(_CANDIDATES, {"now": now, "up_to": up_to}).scalars())
             if not ids:
