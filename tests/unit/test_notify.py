@@ -97,6 +97,22 @@ def test_socket_notifier_drops_the_socket_of_a_dead_process(tmp_path: Path) -> N
         sender.close()
 
 
+def test_a_process_that_listened_and_exits_without_closing_leaves_no_socket(
+    tmp_path: Path,
+) -> None:
+    code = (
+        "import sys; from pathlib import Path;"
+        " from sandcell.store.notify_local import SocketNotifier;"
+        " n = SocketNotifier(Path(sys.argv[1])); n.listen('x', print);"
+        " print(len(list(Path(sys.argv[1]).iterdir())))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], check=True, capture_output=True, text=True
+    )
+    assert done.stdout == "1\n"  # its socket, while it ran
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_job_end_wakes_a_waiter_at_once_and_only_for_its_job() -> None:
     async def scenario() -> tuple[float, float]:
         notifier = LocalNotifier()

@@ -6,6 +6,7 @@ socket there, and a notification is one datagram to each. A datagram that cannot
 peer is gone, its buffer is full) is dropped: the listener's fallback poll covers it.
 """
 
+import atexit
 import contextlib
 import logging
 import os
@@ -31,6 +32,7 @@ class SocketNotifier:
         self._local = LocalNotifier()
         self._lock = threading.Lock()
         self._name = f"{os.getpid()}-{secrets.token_hex(6)}{SUFFIX}"
+        self._socket_path = directory / self._name
         self._receiver: socket.socket | None = None
         self._sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self._sender.setblocking(False)
@@ -93,6 +95,8 @@ class SocketNotifier:
                 return
             receiver.settimeout(0.5)  # so the reader notices close()
             self._receiver = receiver
+            # A process that exits without close() (a CLI command) leaves no socket behind.
+            atexit.register(_unlink_quietly, self._socket_path)
         threading.Thread(
             target=self._receive, args=(receiver,), name="notify-socket", daemon=True
         ).start()
@@ -112,6 +116,11 @@ class SocketNotifier:
                 return  # closed
             channel, _, payload = message.decode(errors="replace").partition("\n")
             self._local.notify(channel, payload)
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        path.unlink()
 
 
 def _open_dir(directory: Path) -> int | None:
