@@ -437,6 +437,7 @@ def _reachable() -> Iterator[None]:
 class SqlStore:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self._reader = engine.execution_options(readonly=True)  # the same pool, options set once
 
     def create_schema(self) -> None:
         migrate(self.engine)
@@ -448,10 +449,8 @@ class SqlStore:
 
     @contextmanager
     def _read(self) -> Iterator[Connection]:
-        with _reachable(), self.engine.connect() as conn:
-            conn.execution_options(readonly=True)
-            with conn.begin():
-                yield conn
+        with _reachable(), self._reader.begin() as conn:
+            yield conn
 
     def _any(self, condition: ColumnElement[bool], column: ColumnElement[Any]) -> bool:
         """Whether a row matches, looked at outside any write. Housekeeping asks every second
