@@ -60,3 +60,27 @@ def test_the_least_service_runs_beside_the_floor_and_sandcell() -> None:
     for way in ("floor", "floor_with_disk", "least_service", "sandcell"):
         assert len(report[way]["rate_by_round"]) == 1, report
         assert report[way]["jobs_per_s"] > 0 and report[way]["cpu_ms_per_job"] > 0
+
+
+def test_two_commits_side_by_side_run_alternating_rounds() -> None:
+    """`bench.ab`: this checkout beside another commit, each reported by round."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: bwrap's cgroups and loop devices")
+    repo = Path(__file__).parents[2]
+    checkout = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True)
+    if checkout.returncode != 0:
+        pytest.skip("needs a git checkout: the base commit is checked out beside it")
+    argv = ["HEAD", "--rounds", "2", "--jobs", "4", "--concurrency", "2"]
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.ab", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["base_revision"] == "HEAD" and len(report["head_vs_base_by_round"]) == 2
+    for side in ("base", "head"):
+        assert len(report[side]["rate_by_round"]) == 2, report
+        assert report[side]["api_cpu_ms_per_job"] > 0 and report[side]["worker_cpu_ms_per_job"] > 0
