@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from cryptography.fernet import Fernet
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine
 
 from sandcell.api.app import create_app
 from sandcell.api.deps import Services
@@ -24,7 +23,7 @@ from sandcell.services.secrets import SecretService
 from sandcell.services.session_host import LocalSessionHost
 from sandcell.services.sessions import SessionPolicy, SessionService
 from sandcell.store.overview import SqlOverview
-from sandcell.store.sql import SqlStore, prepare_sqlite
+from sandcell.store.sql import SqlStore, open_sqlite
 from sandcell.vault.fernet import FernetCipher
 from tests.fakes import FakeImages, FakeSessionRuntime, InProcessHosts
 
@@ -50,9 +49,7 @@ class Api:
 
 
 def sqlite_store(path: Path) -> SqlStore:
-    engine = create_engine(f"sqlite:///{path}", connect_args={"check_same_thread": False})
-    prepare_sqlite(engine)
-    store = SqlStore(engine)
+    store = open_sqlite(f"sqlite:///{path}")
     store.create_schema()
     return store
 
@@ -99,7 +96,7 @@ def build_api(tmp_path: Path, store: SqlStore | None = None) -> Iterator[Api]:
     app = create_app(
         services, max_json_bytes=256 * 1024, max_upload_bytes=1024 * 1024 + 4096, max_depth=16
     )
-    app.state.overview = SqlOverview(store.engine)  # the admin dashboard's reads
+    app.state.overview = SqlOverview(store.reader)  # the admin dashboard's reads
     with TestClient(app, raise_server_exceptions=False) as http:
         yield Api(http, services, blobs, tmp_path, host, session_runtime)
 

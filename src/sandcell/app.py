@@ -34,7 +34,7 @@ from sandcell.services.sessions import SessionPolicy, SessionService
 from sandcell.services.worker import BASE_ENV, Worker, WorkerConfig, new_worker_id
 from sandcell.settings import Settings
 from sandcell.store.overview import SqlOverview
-from sandcell.store.sql import SqlStore, prepare_sqlite
+from sandcell.store.sql import SqlStore, open_sqlite
 from sandcell.vault.fernet import FernetCipher
 
 log = logging.getLogger("sandcell")
@@ -44,12 +44,10 @@ def build_store(settings: Settings) -> SqlStore:
     url = settings.store_url
     if url.startswith("sqlite"):
         settings.data_dir.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
-        prepare_sqlite(engine)
+        store = open_sqlite(url)
     else:
         url = url.replace("postgresql://", "postgresql+psycopg://", 1)
-        engine = create_engine(url, pool_pre_ping=True, pool_size=10)
-    store = SqlStore(engine)
+        store = SqlStore(create_engine(url, pool_pre_ping=True, pool_size=10))
     store.create_schema()
     return store
 
@@ -147,7 +145,7 @@ def build_api(settings: Settings) -> FastAPI:
         max_depth=settings.max_json_depth,
     )
     assert isinstance(services.store, SqlStore)
-    app.state.overview = SqlOverview(services.store.engine)  # the admin dashboard's reads
+    app.state.overview = SqlOverview(services.store.reader)  # the admin dashboard's reads
     return app
 
 
