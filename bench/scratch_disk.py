@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from sandcell.runtime.ext4 import BlankDisks
-from sandcell.runtime.scratch import Scratch
+from sandcell.runtime.scratch import Scratch, scratch_blanks
 
 
 def cpu_s() -> float:
@@ -57,7 +57,7 @@ def main() -> None:
         report = {
             "formatted_in_place": measure(base / "mkfs", None, args.runs, args.disk_mb),
             "copied_from_blank": measure(
-                base / "blank", BlankDisks(base / "blanks"), args.runs, args.disk_mb
+                base / "blank", scratch_blanks(base / "blanks"), args.runs, args.disk_mb
             ),
         }
     finally:

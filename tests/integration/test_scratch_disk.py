@@ -7,10 +7,18 @@ import pytest
 
 from sandcell.ports.runtime import InputFile
 from sandcell.runtime.ext4 import BlankDisks, ScratchError, attach_loop, copy_sparse, inodes_for
-from sandcell.runtime.scratch import GUEST_UID, Scratch, attached_loops, loop_backing_file
+from sandcell.runtime.scratch import (
+    GUEST_UID,
+    Scratch,
+    attached_loops,
+    loop_backing_file,
+    scratch_blanks,
+)
 from sandcell.runtime.session_volume import SessionScratch
 
 MiB = 1024 * 1024
+BLANK_16M = "ext4-16m-1024i-workspace-output-65534.img"  # its size, inodes and layout
+BLANK_8M = "ext4-8m-512i-workspace-output-65534.img"
 
 
 @pytest.fixture(autouse=True)
@@ -28,15 +36,18 @@ def _scratch(tmp_path: Path, name: str, blanks: BlankDisks, disk_mb: int = 16) -
 
 
 def test_a_blank_is_made_once_per_size_and_each_disk_is_a_sparse_copy(tmp_path: Path) -> None:
-    blanks = BlankDisks(tmp_path / "blanks")
+    blanks = scratch_blanks(tmp_path / "blanks")
     first = _scratch(tmp_path, "a", blanks)
     made = {p.name: p.stat().st_ino for p in blanks.directory.iterdir()}
     second = _scratch(tmp_path, "b", blanks)
     other_size = _scratch(tmp_path, "c", blanks, disk_mb=8)
     try:
-        assert made == {"ext4-16m-1024i.img": made["ext4-16m-1024i.img"]}
+        assert made == {BLANK_16M: made[BLANK_16M]}
         names = {p.name for p in blanks.directory.iterdir()}
-        assert names == {"ext4-16m-1024i.img", "ext4-8m-512i.img"}  # no partial file left
+        assert names == {
+            BLANK_16M,
+            BLANK_8M,
+        }  # no partial file left
         for scratch, disk_mb in ((first, 16), (second, 16), (other_size, 8)):
             assert scratch.image.stat().st_size == disk_mb * MiB
             assert scratch.image.stat().st_blocks * 512 < disk_mb * MiB // 4  # holes stayed
@@ -55,7 +66,7 @@ def test_a_blank_is_made_once_per_size_and_each_disk_is_a_sparse_copy(tmp_path: 
 
 
 def test_two_disks_from_one_blank_share_nothing(tmp_path: Path) -> None:
-    blanks = BlankDisks(tmp_path / "blanks")
+    blanks = scratch_blanks(tmp_path / "blanks")
     first, second = _scratch(tmp_path, "a", blanks), _scratch(tmp_path, "b", blanks)
     try:
         (first.workspace / "secret.txt").write_text("only a's")
@@ -70,13 +81,13 @@ def test_two_disks_from_one_blank_share_nothing(tmp_path: Path) -> None:
 
 
 def test_a_truncated_blank_is_made_again(tmp_path: Path) -> None:
-    blanks = BlankDisks(tmp_path / "blanks")
+    blanks = scratch_blanks(tmp_path / "blanks")
     blanks.directory.mkdir()
-    (blanks.directory / "ext4-16m-1024i.img").write_bytes(b"half")  # a crash mid-write, say
+    (blanks.directory / BLANK_16M).write_bytes(b"half")  # a crash mid-write, say
     scratch = _scratch(tmp_path, "a", blanks)
     try:
         assert scratch.is_mounted()
-        assert (blanks.directory / "ext4-16m-1024i.img").stat().st_size == 16 * MiB
+        assert (blanks.directory / BLANK_16M).stat().st_size == 16 * MiB
     finally:
         assert scratch.teardown() == []
 
@@ -103,7 +114,7 @@ def test_attach_loop_refuses_what_is_not_there(tmp_path: Path) -> None:
 
 
 def test_a_blank_that_cannot_be_made_is_a_scratch_error(tmp_path: Path) -> None:
-    blanks = BlankDisks(tmp_path / "blanks")
+    blanks = scratch_blanks(tmp_path / "blanks")
     with pytest.raises(ScratchError, match="mkfs"):
         blanks.copy(0, tmp_path / "disk.img")  # a 0-byte image: mkfs.ext4 refuses it
     assert list(blanks.directory.iterdir()) == []  # its partial file is gone
@@ -112,7 +123,7 @@ def test_a_blank_that_cannot_be_made_is_a_scratch_error(tmp_path: Path) -> None:
 def test_a_spill_holds_the_disk_image_and_inputs_and_goes_with_the_scratch(
     tmp_path: Path,
 ) -> None:
-    blanks = BlankDisks(tmp_path / "blanks")
+    blanks = scratch_blanks(tmp_path / "blanks")
     small, big = tmp_path / "small", tmp_path / "big"
     small.mkdir(), big.mkdir()
     host_input = tmp_path / "in.csv"
@@ -153,7 +164,7 @@ def test_a_jobs_throwaway_disk_goes_without_barriers_and_a_sessions_volume_keeps
 ) -> None:
     """A job's disk is unmounted without flushing onto the host's disk; a session's volume is
     used again after its sandbox, and after a crash, so it keeps ext4's barriers."""
-    scratch = _scratch(tmp_path, "s-1", BlankDisks(tmp_path / "blanks"))
+    scratch = _scratch(tmp_path, "s-1", scratch_blanks(tmp_path / "blanks"))
     try:
         assert {"nobarrier", "nosuid", "nodev", "noatime"} <= _mount_options(scratch.disk)
     finally:
@@ -166,3 +177,25 @@ def test_a_jobs_throwaway_disk_goes_without_barriers_and_a_sessions_volume_keeps
         assert "nobarrier" not in options and {"nosuid", "nodev", "noatime"} <= options
     finally:
         assert volume.teardown() == []
+
+
+def test_a_disk_formatted_in_place_has_the_copied_ones_layout(tmp_path: Path) -> None:
+    copied = _scratch(tmp_path, "a", scratch_blanks(tmp_path / "blanks"))
+    in_place = Scratch(tmp_path / "sandboxes" / "b")  # no blanks: mkfs for this disk alone
+    assert in_place.claim()
+    in_place.create(b"print(1)", [], 16)
+    try:
+        for scratch in (copied, in_place):
+            owners = [(p.stat().st_uid, p.stat().st_mode & 0o777) for p in scratch_dirs(scratch)]
+            assert owners == [(0, 0o755), (GUEST_UID, 0o755), (GUEST_UID, 0o755)]
+            assert sorted(p.name for p in scratch.disk.iterdir()) == [
+                "lost+found",
+                "output",
+                "workspace",
+            ]
+    finally:
+        assert copied.teardown() == [] and in_place.teardown() == []
+
+
+def scratch_dirs(scratch: Scratch) -> list[Path]:
+    return [scratch.disk, scratch.workspace, scratch.output]

@@ -47,9 +47,8 @@ from sandcell.runtime.bwrap_run import (
     processes_by_uid,
 )
 from sandcell.runtime.cgroups import SandboxCgroup
-from sandcell.runtime.ext4 import BlankDisks
 from sandcell.runtime.guest_mounts import GUEST_SOURCE
-from sandcell.runtime.scratch import Scratch, probe_loop_disk
+from sandcell.runtime.scratch import Scratch, probe_loop_disk, scratch_blanks
 from sandcell.runtime.seccomp import compile_filter
 from sandcell.runtime.volatile import (
     ensure_tmpfs,
@@ -155,7 +154,7 @@ class BwrapRuntime:
         self.run_dir = volatile_dir(state_dir)
         self.sandboxes_dir = self.run_dir / "sandboxes"
         self.disks_dir = state_dir / "disks"
-        self.blanks = BlankDisks(state_dir / "blank-disks")
+        self.blanks = scratch_blanks(state_dir / "blank-disks")
         self.overhead_mb = overhead_mb  # bwrap's own two processes and the wrapper shell
         key = state_key(state_dir)
         self.cgroup_parent = f"sandcell/{key}"

@@ -15,6 +15,7 @@ import os
 import secrets
 import struct
 import subprocess
+import tempfile
 from pathlib import Path
 
 INODES_PER_MB = 64  # bounded inodes: an inode flood ends as ENOSPC, like a byte flood
@@ -45,15 +46,23 @@ def make_ext4(
     disk_mb: int,
     options: tuple[str, ...] = MKFS_OPTIONS,
     timeout_s: float = COMMAND_TIMEOUT_S,
+    top: tuple[str, ...] = (),
+    owner: int = 0,
 ) -> None:
     """Format a new image at `image`, under a temporary name until it is whole: a crash never
-    leaves a half-made one where a finished one is expected."""
+    leaves a half-made one where a finished one is expected. The directories `top` are made
+    at its root, owned by `owner`."""
     partial = image.with_name(f".{image.name}.{secrets.token_hex(4)}.partial")
     try:
-        with open(partial, "wb") as img:
+        with open(partial, "wb") as img, tempfile.TemporaryDirectory() as tree:
             img.truncate(disk_mb * MiB)
-        inodes = str(inodes_for(disk_mb))
-        run_tool("mkfs.ext4", *options, "-N", inodes, str(partial), timeout_s=timeout_s)
+            os.chmod(tree, 0o755)  # the root's mode, as mkfs would make it without a tree
+            for name in top:
+                os.mkdir(os.path.join(tree, name), 0o755)
+                os.chown(os.path.join(tree, name), owner, owner)
+            inodes = str(inodes_for(disk_mb))
+            made = ("-d", tree) if top else ()
+            run_tool("mkfs.ext4", *options, "-N", inodes, *made, str(partial), timeout_s=timeout_s)
         partial.chmod(0o600)
         os.replace(partial, image)
     finally:
@@ -61,17 +70,21 @@ def make_ext4(
 
 
 class BlankDisks:
-    """One blank image per disk size under `directory`, made on first use, copied after."""
+    """One blank image per disk size under `directory`, made on first use, copied after; its
+    directories `top` already made and owned by `owner` (on every copy, that is a mkdir and a
+    chown fewer on the mounted disk, some 0.7 ms of machine CPU a job with the unmount's
+    writes)."""
 
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
+    def __init__(self, directory: Path, top: tuple[str, ...], owner: int) -> None:
+        self.directory, self.top, self.owner = directory, top, owner
         self._known: set[Path] = set()  # made or checked by this process
 
     def copy(self, disk_mb: int, target: Path) -> None:
         copy_sparse(self._blank(disk_mb), target)
 
     def _blank(self, disk_mb: int) -> Path:
-        blank = self.directory / f"ext4-{disk_mb}m-{inodes_for(disk_mb)}i.img"
+        layout = "-".join((*self.top, str(self.owner)))
+        blank = self.directory / f"ext4-{disk_mb}m-{inodes_for(disk_mb)}i-{layout}.img"
         if blank in self._known:
             return blank
         try:
@@ -80,7 +93,7 @@ class BlankDisks:
             whole = False
         if not whole:  # two threads may both make it: each renames a whole one into place
             self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-            make_ext4(blank, disk_mb)
+            make_ext4(blank, disk_mb, top=self.top, owner=self.owner)
         self._known.add(blank)
         return blank
 

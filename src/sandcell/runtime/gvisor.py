@@ -20,11 +20,10 @@ from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime import cgroups
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
-from sandcell.runtime.ext4 import BlankDisks
 from sandcell.runtime.reap import reap_cgroups, reap_scratch, remove_parent
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import SandboxRun
-from sandcell.runtime.scratch import Scratch, probe_loop_disk
+from sandcell.runtime.scratch import Scratch, probe_loop_disk, scratch_blanks
 from sandcell.runtime.volatile import (
     ensure_tmpfs,
     remove_if_empty,
@@ -51,7 +50,7 @@ class GVisorRuntime:
         self.run_dir = volatile_dir(state_dir)
         self.sandboxes_dir = self.run_dir / "sandboxes"
         self.disks_dir = state_dir / "disks"
-        self.blanks = BlankDisks(state_dir / "blank-disks")
+        self.blanks = scratch_blanks(state_dir / "blank-disks")
         self.runsc = Runsc(runsc, self.run_dir / "runsc", platform)
         self.overhead_mb = overhead_mb
         self.cgroup_parent = cgroup_parent or f"sandcell/{state_key(state_dir)}"

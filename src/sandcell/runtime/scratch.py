@@ -33,6 +33,7 @@ from sandcell.runtime.ext4 import BlankDisks, ScratchError, attach_loop, make_ex
 from sandcell.runtime.settle import settled
 
 GUEST_UID = 65534
+DISK_DIRS = ("workspace", "output")  # at the disk's root: see `workspace` and `output`
 # Host mount options. nosuid/nodev: nothing on a tenant's disk may gain privileges or reach
 # a device. No noexec: /workspace is where users build and run scripts, and exec inside the
 # sandbox gives nothing the interpreter does not already have; /output gets noexec in the
@@ -48,6 +49,11 @@ MNT_DETACH = 0x2
 LOOP_CLR_FD = 0x4C01
 LOOP_RELEASE_S = 2.0  # how long a detached loop may stay bound to a filesystem being freed
 FULL_SLACK_BYTES = 1024 * 1024  # "full": less than this (or 2%) left, or no inode left
+
+
+def scratch_blanks(directory: Path) -> BlankDisks:
+    """The blank disks that scratch disks are copied from."""
+    return BlankDisks(directory, DISK_DIRS, GUEST_UID)
 
 
 @dataclass
@@ -146,15 +152,13 @@ class Scratch:
             _copy_owned(item.host_path, target, owner)
 
     def _make_disk(self, disk_mb: int) -> None:
+        """The disk, with its /workspace and /output made and the guest's from the start."""
         if self.blanks is not None:
             self.blanks.copy(disk_mb, self.image)
         else:
-            make_ext4(self.image, disk_mb)
+            make_ext4(self.image, disk_mb, top=DISK_DIRS, owner=GUEST_UID)
         self.loop_device = attach_loop(self.image)
         _checked(_mount(self.loop_device, self.disk), f"mount {self.loop_device}")
-        for path in (self.workspace, self.output):
-            path.mkdir(mode=0o755)
-            os.chown(path, GUEST_UID, GUEST_UID)
 
     def disk_full(self) -> bool:
         """No free blocks or inodes left for the guest: what ENOSPC looks like from outside."""
