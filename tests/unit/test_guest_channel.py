@@ -186,13 +186,15 @@ def test_a_request_naming_another_job_or_any_extra_field_is_refused(
 
 def test_closing_a_channel_ends_its_threads(recorder: StageRecorder, tmp_path: Path) -> None:
     """A worker makes one channel a job: a thread left blocked in accept() was one more thread
-    for every job the worker had run."""
+    for every job the worker had run. One thread accepts for every channel of the process."""
     before = set(threading.enumerate())
-    chan = _serve(recorder, tmp_path / "chan")
-    with socket.socket(socket.AF_UNIX) as guest:  # a connection, served by a thread of its own
-        guest.connect(str(tmp_path / "chan" / "guest.sock"))
-        guest.sendall(json.dumps({"op": "once", "key": "k"}).encode() + b"\n")
-        assert json.loads(guest.makefile().readline())["ok"]
-    chan.close()
-    assert set(threading.enumerate()) <= before
-    assert not (tmp_path / "chan").exists()
+    for n in range(3):
+        chan = _serve(recorder, tmp_path / f"chan{n}")
+        with socket.socket(socket.AF_UNIX) as guest:  # a connection, served by its own thread
+            guest.connect(str(tmp_path / f"chan{n}" / "guest.sock"))
+            guest.sendall(json.dumps({"op": "once", "key": f"k{n}"}).encode() + b"\n")
+            assert json.loads(guest.makefile().readline())["ok"]
+        chan.close()
+        assert not (tmp_path / f"chan{n}").exists()
+    left = {thread.name for thread in set(threading.enumerate()) - before}
+    assert left <= {"guest-channels"}
