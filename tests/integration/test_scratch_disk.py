@@ -44,10 +44,7 @@ def test_a_blank_is_made_once_per_size_and_each_disk_is_a_sparse_copy(tmp_path: 
     try:
         assert made == {BLANK_16M: made[BLANK_16M]}
         names = {p.name for p in blanks.directory.iterdir()}
-        assert names == {
-            BLANK_16M,
-            BLANK_8M,
-        }  # no partial file left
+        assert names == {BLANK_16M, BLANK_8M}  # no partial file left
         for scratch, disk_mb in ((first, 16), (second, 16), (other_size, 8)):
             assert scratch.image.stat().st_size == disk_mb * MiB
             assert scratch.image.stat().st_blocks * 512 < disk_mb * MiB // 4  # holes stayed
@@ -186,7 +183,8 @@ def test_a_disk_formatted_in_place_has_the_copied_ones_layout(tmp_path: Path) ->
     in_place.create(b"print(1)", [], 16)
     try:
         for scratch in (copied, in_place):
-            owners = [(p.stat().st_uid, p.stat().st_mode & 0o777) for p in scratch_dirs(scratch)]
+            made = (scratch.disk, scratch.workspace, scratch.output)
+            owners = [(p.stat().st_uid, p.stat().st_mode & 0o777) for p in made]
             assert owners == [(0, 0o755), (GUEST_UID, 0o755), (GUEST_UID, 0o755)]
             assert sorted(p.name for p in scratch.disk.iterdir()) == [
                 "lost+found",
@@ -195,7 +193,3 @@ def test_a_disk_formatted_in_place_has_the_copied_ones_layout(tmp_path: Path) ->
             ]
     finally:
         assert copied.teardown() == [] and in_place.teardown() == []
-
-
-def scratch_dirs(scratch: Scratch) -> list[Path]:
-    return [scratch.disk, scratch.workspace, scratch.output]

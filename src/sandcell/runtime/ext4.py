@@ -16,6 +16,8 @@ import secrets
 import struct
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 INODES_PER_MB = 64  # bounded inodes: an inode flood ends as ENOSPC, like a byte flood
@@ -54,19 +56,29 @@ def make_ext4(
     at its root, owned by `owner`."""
     partial = image.with_name(f".{image.name}.{secrets.token_hex(4)}.partial")
     try:
-        with open(partial, "wb") as img, tempfile.TemporaryDirectory() as tree:
+        with open(partial, "wb") as img:
             img.truncate(disk_mb * MiB)
-            os.chmod(tree, 0o755)  # the root's mode, as mkfs would make it without a tree
-            for name in top:
-                os.mkdir(os.path.join(tree, name), 0o755)
-                os.chown(os.path.join(tree, name), owner, owner)
-            inodes = str(inodes_for(disk_mb))
-            made = ("-d", tree) if top else ()
-            run_tool("mkfs.ext4", *options, "-N", inodes, *made, str(partial), timeout_s=timeout_s)
+        inodes = str(inodes_for(disk_mb))
+        with _tree(top, owner) as tree:
+            run_tool("mkfs.ext4", *options, "-N", inodes, *tree, str(partial), timeout_s=timeout_s)
         partial.chmod(0o600)
         os.replace(partial, image)
     finally:
         partial.unlink(missing_ok=True)
+
+
+@contextmanager
+def _tree(top: tuple[str, ...], owner: int) -> Iterator[tuple[str, ...]]:
+    """mkfs.ext4's arguments for a root holding the directories `top`: none for an empty one."""
+    if not top:
+        yield ()
+        return
+    with tempfile.TemporaryDirectory() as tree:
+        os.chmod(tree, 0o755)  # the root's mode, as mkfs makes it without a tree
+        for name in top:
+            os.mkdir(os.path.join(tree, name), 0o755)
+            os.chown(os.path.join(tree, name), owner, owner)
+        yield ("-d", tree)
 
 
 class BlankDisks:
