@@ -255,8 +255,8 @@ print(sorted(os.listdir("/proc/self/fd")))
     assert received == [b"ping"]  # and no memfd (the CA bundle's) was left open in there
     # While it ran, the host saw the scratch disk mounted and nothing else: the socket directory
     # was bound in the launch chain's own mount namespace, which ended with the sandbox.
-    scratch = bwrap.sandboxes_dir / ran.spec.sandbox_id
-    assert sink.mounts == [str(scratch / "disk")]
+    disks = [Path(m) for m in sink.mounts]  # the job's, and those kept for others (disk_shelf)
+    assert disks and all(d.name == "disk" and d.parent.name.startswith(".disk-") for d in disks)
     assert not mounts_under(str(private))
 
 
@@ -343,7 +343,8 @@ def test_reap_removes_everything_a_killed_worker_left(bwrap: BwrapRuntime) -> No
         worker.wait()
     removed = runtime.reap()
     assert f"cgroup {relpath}" in removed and f"scratch {sandbox_id}" in removed
-    assert f"mount {runtime.sandboxes_dir / sandbox_id / 'disk'}" in removed
+    assert any(item.startswith(f"mount {runtime.sandboxes_dir}/.disk-") for item in removed)
+    assert not mounts_under(f"{runtime.state_dir}/") + mounts_under(f"{runtime.sandboxes_dir}/")
     assert_released(runtime, sandbox_id)
     assert not processes_of_uid(runtime.uids.first)
     assert runtime.reap() == []
@@ -382,3 +383,36 @@ def test_close_removes_the_parent_cgroup(bwrap: BwrapRuntime, python_image: Imag
     assert all(parent.is_dir() for parent in parents)
     runtime.close()
     assert not any(parent.exists() for parent in parents)
+
+
+def test_the_next_job_on_a_kept_disk_finds_nothing_of_the_last(
+    bwrap: BwrapRuntime, run_bwrap: RunCode
+) -> None:
+    hostile = """
+import os
+for top in ("/workspace", "/output"):
+    with open(f"{top}/secret", "w") as f:
+        f.write("job 1")
+    os.makedirs(f"{top}/deep/er")
+    os.symlink("/etc/passwd", f"{top}/link")
+    os.setxattr(top, "user.mark", b"job 1")
+    os.chmod(f"{top}/deep", 0)
+os.chmod("/output", 0o777)
+"""
+    first = run_bwrap(hostile)
+    assert first.result.exit_code == 0, first.sink.stderr
+    kept = bwrap.shelf.kept()
+    assert kept >= 1  # its disk was kept, emptied, for the next job
+    looks = """
+import os
+for top in ("/workspace", "/output"):
+    st = os.stat(top)
+    mine = st.st_uid == os.getuid()
+    print(top, os.listdir(top), os.listxattr(top), oct(st.st_mode & 0o777), mine)
+"""
+    second = run_bwrap(looks)
+    assert bwrap.shelf.kept() == kept  # it took a kept disk and gave it back
+    assert second.sink.stdout.splitlines() == [
+        "/workspace [] [] 0o755 True",
+        "/output [] [] 0o755 True",
+    ], second.sink.stderr

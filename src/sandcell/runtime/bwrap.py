@@ -47,6 +47,7 @@ from sandcell.runtime.bwrap_run import (
     processes_by_uid,
 )
 from sandcell.runtime.cgroups import SandboxCgroup
+from sandcell.runtime.disk_shelf import DiskShelf
 from sandcell.runtime.guest_mounts import GUEST_SOURCE
 from sandcell.runtime.scratch import Scratch, probe_loop_disk, scratch_blanks
 from sandcell.runtime.seccomp import compile_filter
@@ -155,6 +156,7 @@ class BwrapRuntime:
         self.sandboxes_dir = self.run_dir / "sandboxes"
         self.disks_dir = state_dir / "disks"
         self.blanks = scratch_blanks(state_dir / "blank-disks")
+        self.shelf = DiskShelf(self.sandboxes_dir, self.disks_dir, self.blanks)
         self.overhead_mb = overhead_mb  # bwrap's own two processes and the wrapper shell
         key = state_key(state_dir)
         self.cgroup_parent = f"sandcell/{key}"
@@ -249,19 +251,24 @@ class BwrapRuntime:
 
         Call it before the first `run`: it removes every sandbox this state_dir knows of.
         """
+        self.shelf.close()
         scratch = reap.reap_scratch(self.sandboxes_dir, self.disks_dir)
         return reap.reap_cgroups(self.cgroup_parent) + scratch
 
     def close(self) -> None:
         """The worker is done with this runtime (every run returned): its parent cgroup and
-        its volatile directory go."""
+        its volatile directory go, and the disks it kept for sandboxes to come."""
+        self.shelf.close()
         reap.remove_parent(self.cgroup_parent)
         remove_if_empty(self.sandboxes_dir, self.run_dir)
 
     def scratch(self, sandbox_id: str) -> Scratch:
         """The (not yet claimed) scratch of sandbox `sandbox_id`."""
         return Scratch(
-            self.sandboxes_dir / sandbox_id, self.blanks, spill=self.disks_dir / sandbox_id
+            self.sandboxes_dir / sandbox_id,
+            self.blanks,
+            spill=self.disks_dir / sandbox_id,
+            shelf=self.shelf,
         )
 
     def ensure_dirs(self) -> None:

@@ -148,8 +148,9 @@ def launcher(
     ]
 
 
-def teardown_scratch(scratch: Scratch) -> list[str]:
-    """Unmount and detach the scratch disk, waiting a moment if the kernel is still busy.
+def teardown_scratch(scratch: Scratch, sandbox_gone: bool) -> list[str]:
+    """Unmount and detach the scratch disk, waiting a moment if the kernel is still busy; or,
+    if the sandbox is gone (its cgroup removed), give the disk back to be kept (disk_shelf.py).
 
     The sandbox's mount namespace (and a concurrent bwrap's copy of the host's mounts) can
     outlive the last process by a moment, holding the loop device: then it is detached only
@@ -158,7 +159,7 @@ def teardown_scratch(scratch: Scratch) -> list[str]:
     problems: list[str] = []
 
     def released() -> bool:
-        problems[:] = scratch.teardown()  # idempotent: only what is left is redone
+        problems[:] = scratch.teardown(sandbox_gone)  # idempotent: only what is left is redone
         return not problems
 
     settled(released, EXIT_WAIT_S)
@@ -344,11 +345,14 @@ class BwrapRun(OneShotRun):
     def _release(self) -> list[str]:
         """Remove everything of this sandbox from the host; return what is still there."""
         problems: list[str] = []
-        for step in (self._empty_cgroup, self._teardown_scratch):
-            try:
-                problems += step()
-            except OSError as exc:  # keep releasing what can be released
-                problems.append(f"{step.__name__}: {exc}")
+        try:
+            problems += self._empty_cgroup()
+        except OSError as exc:  # keep releasing what can be released
+            problems.append(f"empty cgroup: {exc}")
+        try:
+            problems += teardown_scratch(self.scratch, sandbox_gone=not problems)
+        except OSError as exc:
+            problems.append(f"teardown scratch: {exc}")
         return problems
 
     def _empty_cgroup(self) -> list[str]:
@@ -357,6 +361,3 @@ class BwrapRun(OneShotRun):
         if self.proc is not None:
             self.proc.wait(EXIT_WAIT_S)  # our direct child: reap it, or it stays a zombie
         return [] if self.cgroup.remove() else [f"cgroup {self.cgroup.relpath}"]
-
-    def _teardown_scratch(self) -> list[str]:
-        return teardown_scratch(self.scratch)

@@ -131,7 +131,7 @@ class BwrapWarmFactory:
             problems.append("processes left in the cgroup")
         elif not warm.cgroup.remove():
             problems.append(f"cgroup {warm.cgroup.relpath}")
-        problems += teardown_scratch(warm.scratch)
+        problems += teardown_scratch(warm.scratch, sandbox_gone=not problems)
         if warm.uid is not None and not problems:
             self.runtime.uids.give_back(warm.uid)
         return problems

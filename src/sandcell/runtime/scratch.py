@@ -24,6 +24,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.paths import safe_relative_path
@@ -31,6 +32,9 @@ from sandcell.ports.runtime import InputFile
 from sandcell.runtime.cgroups import read_pseudo_file
 from sandcell.runtime.ext4 import BlankDisks, ScratchError, attach_loop, make_ext4
 from sandcell.runtime.settle import settled
+
+if TYPE_CHECKING:
+    from sandcell.runtime.disk_shelf import DiskShelf, KeptDisk
 
 GUEST_UID = 65534
 DISK_DIRS = ("workspace", "output")  # at the disk's root: see `workspace` and `output`
@@ -62,6 +66,8 @@ class Scratch:
     blanks: BlankDisks | None = None  # None: the disk is formatted in place
     loop_device: str | None = None
     spill: Path | None = None  # the disk image and inputs; None: under root
+    shelf: "DiskShelf | None" = None  # the disk comes from (and goes back to) it: disk_shelf.py
+    kept: "KeptDisk | None" = None  # the shelf's disk this scratch has
 
     @property
     def spill_dir(self) -> Path:
@@ -90,7 +96,7 @@ class Scratch:
 
     @property
     def disk(self) -> Path:
-        return self.root / "disk"
+        return self.root / "disk" if self.kept is None else self.kept.mount
 
     @property
     def workspace(self) -> Path:
@@ -128,10 +134,13 @@ class Scratch:
 
     def create(self, code: bytes | None, inputs: list[InputFile], disk_mb: int) -> None:
         """Fill a claimed scratch root: bundle dir, /job, /input and the mounted disk."""
-        for path in (self.bundle, self.job, self.input, self.disk):
+        for path in (self.bundle, self.job, self.input):
             path.mkdir(mode=0o755)
         self.fill(code, inputs)
-        self._make_disk(disk_mb)
+        if self.shelf is None:
+            self.make_disk(disk_mb)
+        else:
+            self.kept = self.shelf.take(disk_mb)
 
     def fill(self, code: bytes | None, inputs: list[InputFile]) -> None:
         """The code at /job/main.py and the inputs under /input (a warm sandbox: at hand-over;
@@ -151,8 +160,10 @@ class Scratch:
             target = _make_parents(self.output, safe_relative_path(item.guest_path), owner)
             _copy_owned(item.host_path, target, owner)
 
-    def _make_disk(self, disk_mb: int) -> None:
-        """The disk, with its /workspace and /output made and the guest's from the start."""
+    def make_disk(self, disk_mb: int) -> None:
+        """The disk, mounted at `disk`, with its /workspace and /output made and the guest's
+        from the start."""
+        self.disk.mkdir(mode=0o755)
         if self.blanks is not None:
             self.blanks.copy(disk_mb, self.image)
         else:
@@ -176,8 +187,17 @@ class Scratch:
     def is_mounted(self) -> bool:
         return os.path.ismount(self.disk)
 
-    def teardown(self) -> list[str]:
-        """Unmount, detach and delete everything; return what could not be removed."""
+    def teardown(self, reusable: bool = False) -> list[str]:
+        """Unmount, detach and delete everything; return what could not be removed. A shelf's
+        disk goes back to it instead, to be kept if `reusable`: the sandbox is provably gone."""
+        if self.kept is not None:
+            assert self.shelf is not None
+            left = self.shelf.give_back(self.kept, reusable)  # the kept disk's own leftovers
+            if not left:
+                self.kept = None
+            for directory in self.directories:
+                shutil.rmtree(directory, ignore_errors=True)
+            return left + [f"directory {d}" for d in self.directories if d.exists()]
         # System calls, not umount(8) and losetup(8): two process starts were most of the
         # release time, and the release is on the job's path.
         problems: list[str] = []
