@@ -187,11 +187,13 @@ def isolated_bwrap_launcher(
     default job limits, rlimits, a host uid of its own without capabilities, every namespace,
     the seccomp filter, the image root read-only and the contract's four directories. No
     ready line, no watch, no service: what no job on this tier can beat. With `disk_mb`, each
-    start also gets a job's scratch disk of that size, made and torn down as the runtimes do
-    (a blank image's copy, loop-mounted); without it, plain directories."""
+    start also gets a job's scratch disk of that size, as the bwrap runtime gets it (a kept
+    one, emptied after, or a blank image's copy, loop-mounted); without it, plain
+    directories."""
     with tempfile.TemporaryDirectory(dir="/var/tmp") as state:
         Path(state).chmod(0o711)
         runtime = BwrapRuntime(Path(state))
+        runtime.ensure_dirs()  # where its disks are kept
         plain = _contract_dirs(Path(state) / "floor")
         limits = Limits()
         counter = count()
@@ -216,8 +218,9 @@ def isolated_bwrap_launcher(
             finally:
                 os.close(seccomp_fd)
                 os.close(args_fd)
-            left = [] if scratch is plain else scratch.teardown()
-            if done.stdout != b"1\n" or not cgroup.remove() or left:
+            gone = cgroup.remove()  # as the runtime: only then may the disk be kept
+            left = [] if scratch is plain else scratch.teardown(reusable=gone)
+            if done.stdout != b"1\n" or not gone or left:
                 raise RuntimeError(f"isolated bwrap failed: {done.stderr[-500:]!r} {left}")
             runtime.uids.give_back(uid)
 
@@ -229,8 +232,8 @@ def isolated_bwrap_launcher(
 
 def _scratch_disk(runtime: BwrapRuntime, root: Path, uid: int, disk_mb: int) -> Scratch:
     """A job's scratch as BwrapRun prepares it: its code, and the disk for /workspace and
-    /output, owned by the sandbox's uid."""
-    scratch = Scratch(root, runtime.blanks)
+    /output (from the runtime's shelf of kept disks), owned by the sandbox's uid."""
+    scratch = Scratch(root, runtime.blanks, shelf=runtime.shelf)
     scratch.claim()
     scratch.let_through()
     scratch.create(b"print(1)\n", [], disk_mb)
