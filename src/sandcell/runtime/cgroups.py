@@ -44,27 +44,37 @@ def require_v1(root: Path = CGROUP_ROOT) -> None:
         raise RuntimeUnavailable(f"cgroup v1 controllers not mounted: {', '.join(missing)}")
 
 
+# Whether a cgroup offers REQUIRED_FILES, and memsw (swap accounting), is the same for every
+# cgroup of a hierarchy: looked at in the first one a process makes (a runtime's probe).
+_SWAP_ACCOUNTED: dict[Path, bool] = {}  # cgroup root -> memsw present; absent: not yet looked
+
+
 class SandboxCgroup:
     """The cgroup `<parent>/<name>` in every controller of CONTROLLERS."""
 
     def __init__(self, relpath: str, root: Path = CGROUP_ROOT) -> None:
         self.relpath = relpath
         self.root = root
-        # The files the watch reads every tick, as plain strings: building a Path per read
-        # cost more CPU than the read itself.
-        self._procs = str(self.dir("pids") / "cgroup.procs")
-        self._oom_control = str(self.dir("memory") / "memory.oom_control")
-        self._pids_events = str(self.dir("pids") / "pids.events")
+        # Its directories and the files the watch reads every tick, as plain strings: building
+        # a Path per call cost more CPU than the system call itself.
+        self._dirs = {c: f"{root}/{c}/{relpath}" for c in CONTROLLERS}
+        self._procs_files = [f"{self._dirs[c]}/cgroup.procs" for c in CONTROLLERS]
+        self._procs = f"{self._dirs['pids']}/cgroup.procs"
+        self._oom_control = f"{self._dirs['memory']}/memory.oom_control"
+        self._pids_events = f"{self._dirs['pids']}/pids.events"
 
     def dir(self, controller: str) -> Path:
-        return self.root / controller / self.relpath
+        return Path(self._dirs[controller])
 
     def create(self, limits: CgroupLimits) -> None:
         """Make the cgroup and apply `limits`; on any failure remove it and fail closed."""
         try:
             for controller in CONTROLLERS:
-                self.dir(controller).mkdir(parents=True, exist_ok=True)
-            self._require_files()
+                os.makedirs(self._dirs[controller], exist_ok=True)
+            if self.root not in _SWAP_ACCOUNTED:
+                self._require_files()
+                memsw = f"{self._dirs['memory']}/memory.memsw.limit_in_bytes"
+                _SWAP_ACCOUNTED[self.root] = os.path.exists(memsw)
             self._apply(limits)
         except OSError as exc:
             self.remove()
@@ -73,7 +83,7 @@ class SandboxCgroup:
     def _apply(self, limits: CgroupLimits) -> None:
         self._write("memory", "memory.limit_in_bytes", limits.memory_bytes)
         # With swap accounting, also cap memory+swap: otherwise the limit leaks into swap.
-        if (self.dir("memory") / "memory.memsw.limit_in_bytes").exists():
+        if _SWAP_ACCOUNTED[self.root]:
             self._write("memory", "memory.memsw.limit_in_bytes", limits.memory_bytes)
         self._write("cpu", "cpu.cfs_period_us", CPU_PERIOD_US)
         self.set_cpus(limits.cpus)
@@ -102,12 +112,12 @@ class SandboxCgroup:
                     raise FileNotFoundError(f"{controller} controller has no {name}")
 
     def procs_files(self) -> list[Path]:
-        return [self.dir(c) / "cgroup.procs" for c in CONTROLLERS]
+        return [Path(path) for path in self._procs_files]
 
     def pids(self) -> set[int]:
         """Every host process in the cgroup, in any controller."""
         found: set[int] = set()
-        for path in self.procs_files():
+        for path in self._procs_files:
             found.update(int(p) for p in _read(path).split())
         return found
 
@@ -156,20 +166,20 @@ class SandboxCgroup:
         """rmdir the cgroup in every controller; True once none of them exists."""
 
         def gone() -> bool:
-            still_there = [c for c in CONTROLLERS if self._rmdir(self.dir(c))]  # tries each one
+            still_there = [c for c in CONTROLLERS if self._rmdir(self._dirs[c])]  # tries each
             return not still_there
 
         # Exiting tasks take a moment to leave the css: rmdir again until it goes.
         return settled(gone, timeout_s)
 
     def exists(self) -> bool:
-        return any(self.dir(c).exists() for c in CONTROLLERS)
+        return any(os.path.exists(path) for path in self._dirs.values())
 
     @staticmethod
-    def _rmdir(path: Path) -> bool:
+    def _rmdir(path: str) -> bool:
         """Try to remove `path`; True if it is still there."""
         try:
-            path.rmdir()
+            os.rmdir(path)
         except FileNotFoundError:
             return False
         except OSError as exc:
@@ -179,7 +189,11 @@ class SandboxCgroup:
         return False
 
     def _write(self, controller: str, name: str, value: int) -> None:
-        (self.dir(controller) / name).write_text(str(value))
+        fd = os.open(f"{self._dirs[controller]}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, str(value).encode())
+        finally:
+            os.close(fd)
 
 
 def children(parent: str, root: Path = CGROUP_ROOT) -> set[str]:
