@@ -303,6 +303,16 @@ _STAGES_OF = (
     .where(job_stages.c.job_id.in_(bindparam("jobs", expanding=True)))
     .order_by(job_stages.c.committed_at)
 )
+# The same for one job, as every wait for a job's end reads it: an expanding IN is rendered
+# again on every execution, which cost more CPU than the query.
+_ARTIFACTS_OF_JOB = (
+    select(artifacts).where(artifacts.c.job_id == bindparam("job")).order_by(artifacts.c.path)
+)
+_STAGES_OF_JOB = (
+    select(job_stages)
+    .where(job_stages.c.job_id == bindparam("job"))
+    .order_by(job_stages.c.committed_at)
+)
 
 
 def _outputs_of(
@@ -311,9 +321,12 @@ def _outputs_of(
     found: dict[str, tuple[list[Artifact], list[dict[str, Any]]]] = {
         job_id: ([], []) for job_id in job_ids
     }
-    for row in conn.execute(_ARTIFACTS_OF, {"jobs": job_ids}):
+    one = len(job_ids) == 1
+    params: dict[str, Any] = {"job": job_ids[0]} if one else {"jobs": job_ids}
+    queries = (_ARTIFACTS_OF_JOB, _STAGES_OF_JOB) if one else (_ARTIFACTS_OF, _STAGES_OF)
+    for row in conn.execute(queries[0], params):
         found[row.job_id][0].append(_artifact_from_row(row))
-    for row in conn.execute(_STAGES_OF, {"jobs": job_ids}):
+    for row in conn.execute(queries[1], params):
         found[row.job_id][1].append(_stage_from_row(row))
     return found
 
@@ -856,7 +869,7 @@ class SqlStore:
 
     def list_artifacts(self, job_id: str) -> list[Artifact]:
         with self._read() as conn:
-            rows = conn.execute(_ARTIFACTS_OF, {"jobs": [job_id]})
+            rows = conn.execute(_ARTIFACTS_OF_JOB, {"job": job_id})
             return [_artifact_from_row(row) for row in rows]
 
     def get_artifact(self, tenant_id: str | None, artifact_id: str) -> Artifact | None:
@@ -1025,7 +1038,7 @@ class SqlStore:
 
     def job_stages(self, job_id: str) -> list[dict[str, Any]]:
         with self._read() as conn:
-            return [_stage_from_row(row) for row in conn.execute(_STAGES_OF, {"jobs": [job_id]})]
+            return [_stage_from_row(row) for row in conn.execute(_STAGES_OF_JOB, {"job": job_id})]
 
     def outputs_of(
         self, job_ids: list[str]
