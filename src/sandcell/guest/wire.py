@@ -101,15 +101,19 @@ def _line(message: Message) -> bytes:
 class OutputPump:
     """Reads one of fds 1/2 (through its pipe) and hands the text to `sink`.
 
-    It reads only while holding `handed_on`, and wakes its waiters after each read, so `drain`
-    can tell "the pipe is empty and every byte read from it was handed on" from "a read is in
-    flight", and learns of each read at once (a poll would add its period to every cell that
-    prints).
+    A read is marked in flight, under `handed_on`, from before it leaves the pipe until its
+    sink returns, and each one wakes the waiters: so `drain` can tell "the pipe is empty and
+    every byte read from it was handed on" from "a read is in flight", and learns of each read
+    at once (a poll would add its period to every cell that prints). The lock is held only to
+    flip that mark, never across a read or a sink: when the pump held it for the whole read,
+    a pump that kept finding output took it straight back after every read, and a drain could
+    not get it back to give up at its timeout.
     """
 
     def __init__(self, name: str, read_fd: int, sink: OutputSink) -> None:
         self.name, self.fd, self.sink = name, read_fd, sink
         self.handed_on = threading.Condition(threading.Lock())
+        self.in_flight = False  # a read taken from the pipe and not yet handed on
         self.decoder = codecs.getincrementaldecoder("utf-8")("replace")
         os.set_blocking(read_fd, False)
         threading.Thread(target=self._loop, name=f"pump-{name}", daemon=True).start()
@@ -117,33 +121,31 @@ class OutputPump:
     def drain(self, timeout_s: float) -> bool:
         """Wait until everything written so far went to the sink; False on timeout."""
         deadline = time.monotonic() + timeout_s
-        if not self.handed_on.acquire(timeout=timeout_s):
-            return False  # a read is still being handed on (its sink is blocked)
-        try:
-            while pending_bytes(self.fd):
+        with self.handed_on:
+            while self.in_flight or pending_bytes(self.fd):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
                 self.handed_on.wait(left)
             return True
-        finally:
-            self.handed_on.release()
 
     def _loop(self) -> None:
-        while True:
+        data: bytes | None = None
+        while data != b"":  # b"": every write end is closed (the user closed fd 1)
             select.select([self.fd], [], [])
             with self.handed_on:
-                try:
-                    data = os.read(self.fd, CHUNK)
-                except BlockingIOError:
-                    continue
-                if not data:  # every write end is closed (the user closed fd 1): none will come
-                    self.handed_on.notify_all()
-                    return
+                self.in_flight = True
+            try:
+                data = os.read(self.fd, CHUNK)
                 text = self.decoder.decode(data)
                 if text:
                     self.sink(self.name, text)
-                self.handed_on.notify_all()
+            except BlockingIOError:
+                data = None
+            finally:
+                with self.handed_on:
+                    self.in_flight = False
+                    self.handed_on.notify_all()
 
 
 def capture(fd: int) -> int:
