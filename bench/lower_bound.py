@@ -23,6 +23,7 @@ Needs root and the built `python` image.
 import argparse
 import asyncio
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -156,7 +157,9 @@ def _least_service(scratch: Path) -> Iterator[httpx.Client]:
                 raise SystemExit("the least service did not come up in 30 s")
             yield http
     finally:
-        proc.terminate()
+        # SIGINT, not SIGTERM: uvicorn stops, then raises it again, and Python's KeyboardInterrupt
+        # unwinds the launcher (its kept disks torn down) where SIGTERM would end the process.
+        proc.send_signal(signal.SIGINT)
         proc.wait(30)
 
 
