@@ -14,7 +14,9 @@
 
 /workspace and /output share one ext4 image so that `disk_mb` is one budget for both and a
 full disk is a plain ENOSPC inside the sandbox that cannot touch the host's filesystem.
-Without a spill directory, everything is under <root>.
+Without a spill directory, everything is under <root>. With a shelf (the bwrap runtime's),
+the disk is a kept one instead, mounted at <sandboxes>/.disk-<hex>/disk with its image in
+<disks>/.disk-<hex>/, and goes back to the shelf at teardown (disk_shelf.py).
 """
 
 import ctypes
