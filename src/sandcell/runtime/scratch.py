@@ -194,12 +194,17 @@ class Scratch:
         disk goes back to it instead, to be kept if `reusable`: the sandbox is provably gone."""
         if self.kept is not None:
             assert self.shelf is not None
-            left = self.shelf.give_back(self.kept, reusable)  # the kept disk's own leftovers
-            if not left:
+            problems = self.shelf.give_back(self.kept, reusable)  # the kept disk's leftovers
+            if not problems:
                 self.kept = None
-            for directory in self.directories:
-                shutil.rmtree(directory, ignore_errors=True)
-            return left + [f"directory {d}" for d in self.directories if d.exists()]
+        else:
+            problems = self._release_disk()
+        for directory in self.directories:
+            shutil.rmtree(directory, ignore_errors=True)
+        return problems + self.leftovers()
+
+    def _release_disk(self) -> list[str]:
+        """Unmount and detach this scratch's own disk."""
         # System calls, not umount(8) and losetup(8): two process starts were most of the
         # release time, and the release is on the job's path.
         problems: list[str] = []
@@ -212,9 +217,7 @@ class Scratch:
             # A mount namespace of the sandbox's (the gofer's) may still hold the filesystem:
             # the kernel frees it, and only then detaches the loop, a moment after the exit.
             settled(lambda: not self._owns_loop(), LOOP_RELEASE_S)
-        for directory in self.directories:
-            shutil.rmtree(directory, ignore_errors=True)
-        return problems + self.leftovers()
+        return problems
 
     def _owns_loop(self) -> bool:
         if self.loop_device is None:
@@ -223,9 +226,10 @@ class Scratch:
         return backing is not None and backing.startswith(str(self.image))
 
     def leftovers(self) -> list[str]:
-        """What of this scratch still exists on the host (empty: fully released)."""
+        """What of this scratch still exists on the host (empty: fully released). A kept
+        disk not yet given back is the shelf's to account for (its give_back says)."""
         left = []
-        if self.is_mounted():
+        if self.kept is None and self.is_mounted():
             left.append(f"mount {self.disk}")
         if self._owns_loop():
             left.append(f"loop device {self.loop_device}")

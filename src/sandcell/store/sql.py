@@ -321,12 +321,14 @@ def _outputs_of(
     found: dict[str, tuple[list[Artifact], list[dict[str, Any]]]] = {
         job_id: ([], []) for job_id in job_ids
     }
-    one = len(job_ids) == 1
-    params: dict[str, Any] = {"job": job_ids[0]} if one else {"jobs": job_ids}
-    queries = (_ARTIFACTS_OF_JOB, _STAGES_OF_JOB) if one else (_ARTIFACTS_OF, _STAGES_OF)
-    for row in conn.execute(queries[0], params):
+    params: dict[str, Any]
+    if len(job_ids) == 1:
+        artifacts_of, stages_of, params = _ARTIFACTS_OF_JOB, _STAGES_OF_JOB, {"job": job_ids[0]}
+    else:
+        artifacts_of, stages_of, params = _ARTIFACTS_OF, _STAGES_OF, {"jobs": job_ids}
+    for row in conn.execute(artifacts_of, params):
         found[row.job_id][0].append(_artifact_from_row(row))
-    for row in conn.execute(queries[1], params):
+    for row in conn.execute(stages_of, params):
         found[row.job_id][1].append(_stage_from_row(row))
     return found
 
