@@ -22,6 +22,7 @@ from sandcell.runtime.bwrap_run import LAUNCH_ENV, args_memfd, isolation_args, l
 from sandcell.runtime.bwrap_run import cgroup_limits as bwrap_cgroup_limits
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.gvisor import GVisorRuntime
+from sandcell.runtime.launch import launch_helper
 from sandcell.runtime.one_shot import EXIT_WAIT_S
 from sandcell.runtime.sandbox import JOIN_CGROUPS
 from sandcell.runtime.sandbox import cgroup_limits as runsc_cgroup_limits
@@ -197,6 +198,7 @@ def isolated_bwrap_launcher(
         plain = _contract_dirs(Path(state) / "floor")
         limits = Limits()
         counter = count()
+        helper = launch_helper()
 
         def once() -> None:
             n, uid = next(counter), runtime.uids.take()
@@ -208,7 +210,7 @@ def isolated_bwrap_launcher(
             args_fd = args_memfd([*isolation_args(seccomp_fd), *_floor_binds(rootfs, scratch)])
             try:
                 done = subprocess.run(
-                    launcher(cgroup, uid, limits, args_fd, [PYTHON, "-c", "print(1)"]),
+                    launcher(helper, cgroup, uid, limits, args_fd, [PYTHON, "-c", "print(1)"]),
                     stdin=subprocess.DEVNULL,
                     capture_output=True,
                     env=LAUNCH_ENV,

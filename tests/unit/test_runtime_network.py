@@ -71,6 +71,7 @@ def test_the_bridge_memory_is_added_to_the_cgroup_not_taken_from_the_job() -> No
 
 SCRATCH = Scratch(Path("/state/bwrap/sandboxes/j-1"))
 SECCOMP_FD, CA_FD, ARGS_FD = 3, 4, 5
+HELPER = "/run/sandcell/launch-0"
 
 
 def bwrap_launch(egress: EgressAttachment | None) -> tuple[list[str], list[str]]:
@@ -83,16 +84,20 @@ def bwrap_launch(egress: EgressAttachment | None) -> tuple[list[str], list[str]]
     step = bwrap_egress_launch(egress, mount_point) if egress else None
     cgroup = SandboxCgroup("sandcell/k/j-1")
     chain = bwrap_run.launcher(
-        cgroup, 1_000_000_001, spec.limits, ARGS_FD, bwrap_run.command(spec), step
+        HELPER, cgroup, 1_000_000_001, spec.limits, ARGS_FD, bwrap_run.command(spec), step
     )
     return options, chain
 
 
+def launch_steps(chain: list[str]) -> list[tuple[str, str]]:
+    """The steps the chain's first program, the launch helper, takes before its `--`."""
+    assert chain[0] == HELPER
+    steps = chain[1 : chain.index("--")]
+    return list(zip(steps[::2], steps[1::2], strict=True))
+
+
 def launch_rlimits(chain: list[str]) -> dict[str, int]:
-    """The rlimits the chain's first step sets (its arguments after the cgroup files)."""
-    assert chain[:2] == [bwrap_run.LAUNCH_SHELL, "-c"]
-    at = chain.index("--") + 1
-    return dict(zip(("nofile", "fsize_blocks", "nproc"), map(int, chain[at : at + 3]), strict=True))
+    return {step: int(value) for step, value in launch_steps(chain) if step not in ("join", "uid")}
 
 
 def test_bwrap_without_egress_has_no_mount_step_no_bridge_and_no_extra_task() -> None:
@@ -100,8 +105,11 @@ def test_bwrap_without_egress_has_no_mount_step_no_bridge_and_no_extra_task() ->
     assert GUEST_SOCKET_DIR not in options and GUEST_CA_BUNDLE not in options
     assert "unshare" not in chain and "mount" not in " ".join(chain)
     # pids + bwrap's two tasks + the tripwire slot; the file size cap is the disk's
-    disk_blocks = Limits().disk_mb * 1024 * 1024 // 512
-    assert launch_rlimits(chain) == {"nofile": NOFILE, "fsize_blocks": disk_blocks, "nproc": 7}
+    disk_bytes = Limits().disk_mb * 1024 * 1024
+    assert launch_rlimits(chain) == {"nofile": NOFILE, "core": 0, "fsize": disk_bytes, "nproc": 7}
+    steps = launch_steps(chain)  # every cgroup joined, then limits, then the uid, then bwrap
+    assert [step for step, _ in steps].count("join") == len(SandboxCgroup("x").procs_files())
+    assert steps[-1] == ("uid", "1000000001") and chain[chain.index("--") + 1] == "bwrap"
     script = chain[chain.index("/bin/sh", chain.index("bwrap")) + 2]
     assert script.startswith(READY_PRINTF) and "-I" not in script
 
@@ -119,7 +127,10 @@ def test_bwrap_with_egress_binds_the_socket_dir_as_root_and_starts_the_bridge_fi
     unshare = chain.index("unshare")
     assert chain[unshare : unshare + 5] == ["unshare", "--mount", "--propagation", "slave", "--"]
     assert chain[unshare + 9 : unshare + 11] == [str(ATTACHMENT.socket_dir), mount_point]
-    assert chain.index("--") < unshare < chain.index("setpriv") < chain.index("bwrap")
+    assert ("uid", "1000000001") not in launch_steps(chain)  # root until the mount is made
+    again = chain.index(HELPER, unshare)
+    assert chain.index("--") < unshare < again < chain.index("bwrap")
+    assert chain[again : again + 4] == [HELPER, "uid", "1000000001", "--"]
     assert launch_rlimits(chain)["nproc"] == 8  # the bridge's task on top
     script = chain[chain.index("/bin/sh", chain.index("bwrap")) + 2]
     bridge_at, ready_at = script.index(f"{IMAGE.python} -I -S -c"), script.index(READY_PRINTF)

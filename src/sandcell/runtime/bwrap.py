@@ -49,6 +49,7 @@ from sandcell.runtime.bwrap_run import (
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.disk_shelf import DiskShelf
 from sandcell.runtime.guest_mounts import GUEST_SOURCE
+from sandcell.runtime.launch import launch_helper
 from sandcell.runtime.scratch import Scratch, probe_loop_disk, scratch_blanks
 from sandcell.runtime.seccomp import compile_filter
 from sandcell.runtime.volatile import (
@@ -61,7 +62,7 @@ from sandcell.runtime.volatile import (
 log = logging.getLogger("sandcell.runtime.bwrap")
 
 SANDBOX_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")  # names dirs and cgroups
-TOOLS = ("bwrap", "setpriv", "dash", "unshare", "mount")  # the last two: jobs with egress
+TOOLS = ("bwrap", "cc", "unshare", "mount")  # cc: launch.c; the last two: jobs with egress
 UID_BASE, UID_BLOCK, UID_BLOCKS = 1_000_000_000, 65536, 16384  # stays below 2**31
 VERIFY_BATCH = 64  # released uids verified by one scan of /proc (UidPool)
 PROBE_TIMEOUT_S = 30
@@ -198,6 +199,7 @@ class BwrapRuntime:
         require_traversable(GUEST_SOURCE)  # bind-mounted into every sandbox (guest_mounts.py)
         self.version()
         self.seccomp_filter()
+        launch_helper()
         probe_loop_disk(self.state_dir)
         self._probe_sandbox()
 
@@ -230,7 +232,7 @@ class BwrapRuntime:
         uid: int,
     ) -> SandboxResult:
         try:
-            seccomp = self.seccomp_filter()
+            seccomp, helper = self.seccomp_filter(), launch_helper()
         except RuntimeUnavailable as exc:
             scratch.teardown()
             return SandboxResult(None, Reason.RUNTIME_ERROR, str(exc), released=True)
@@ -242,6 +244,7 @@ class BwrapRuntime:
             cgroup=cgroup,
             uid=uid,
             seccomp=seccomp,
+            helper=helper,
             overhead_mb=self.overhead_mb,
         )
         return run.execute()
@@ -295,6 +298,7 @@ class BwrapRuntime:
 
     def _probe_status(self) -> dict[str, str]:
         """/proc/self/status of `cat`, run under the full isolation over the host's /usr."""
+        helper = launch_helper()
         cgroup = SandboxCgroup(f"{self.cgroup_parent}/.probe-{os.getpid()}")
         cgroup.create(cgroup_limits(PROBE_LIMITS, self.overhead_mb))
         uid = self.uids.take()
@@ -302,7 +306,7 @@ class BwrapRuntime:
         args_fd = args_memfd([*isolation_args(seccomp_fd), *PROBE_FS.split()])
         try:
             done = subprocess.run(
-                launcher(cgroup, uid, PROBE_LIMITS, args_fd, list(PROBE_COMMAND)),
+                launcher(helper, cgroup, uid, PROBE_LIMITS, args_fd, list(PROBE_COMMAND)),
                 capture_output=True,
                 text=True,
                 timeout=PROBE_TIMEOUT_S,

@@ -2,11 +2,12 @@
 
 The launch chain, each step exec'ing the next so that nothing runs outside the cgroup:
 
-    dash (root) joins the sandbox's cgroup in every controller and sets the rlimits NOFILE,
-                CORE 0, FSIZE (the disk size) and NPROC, soft and hard, with its builtins
-    [unshare]   with egress only, still root: a mount namespace of the chain's own, in which
-                the job's proxy socket directory is bound into the scratch (see network.py)
-    setpriv     becomes the sandbox's own host uid, no groups, no capabilities, no_new_privs
+    launch      (launch.c, as root) joins the sandbox's cgroup in every controller, sets the
+                rlimits NOFILE, CORE 0, FSIZE (the disk size) and NPROC, soft and hard, then
+                becomes the sandbox's own host uid: no groups, no capabilities, no_new_privs
+    [unshare]   with egress only, between the two: still root, a mount namespace of the
+                chain's own, in which the job's proxy socket directory is bound into the
+                scratch (see network.py); then `launch` again, for the uid step alone
     bwrap       new user/pid/net/ipc/uts/mount/cgroup namespaces, uid 65534 inside, the
                 seccomp filter, the image root read-only; its arguments come from a memfd
                 (`--args`), so the sandbox's pid 1 shows no host paths in its cmdline
@@ -54,15 +55,6 @@ BWRAP_TASKS = 2
 MiB = 1024 * 1024
 UID_FIELD = b"\nUid:\t"  # in /proc/<pid>/status
 LAUNCH_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-# Its arguments: the cgroup.procs files, "--", NOFILE, FSIZE in 512-byte blocks, NPROC, the rest
-# of the chain. Builtins rather than prlimit(1): one process start fewer per sandbox. dash by
-# name: its `ulimit -p` is NPROC (bash's is the pipe size), and it sets both soft and hard.
-LAUNCH_SHELL = "/bin/dash"
-LAUNCH_SCRIPT = (
-    'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; '
-    'ulimit -n "$1" && ulimit -c 0 && ulimit -f "$2" && ulimit -p "$3" || exit 125; shift 3; '
-    'exec "$@"'
-)
 
 
 def cgroup_limits(limits: Limits, overhead_mb: int, egress: bool = False) -> CgroupLimits:
@@ -127,6 +119,7 @@ def args_memfd(args: list[str]) -> int:
 
 
 def launcher(
+    helper: str,
     cgroup: SandboxCgroup,
     uid: int,
     limits: Limits,
@@ -134,18 +127,19 @@ def launcher(
     argv: list[str],
     egress_step: list[str] | None = None,
 ) -> list[str]:
-    """The launch chain; `egress_step` (network.bwrap_egress_launch) for a job with egress."""
+    """The launch chain from `helper` (launch.launch_helper); `egress_step`
+    (network.bwrap_egress_launch) for a job with egress."""
     # A backstop: the cgroup's pids.max trips first.
     nproc = limits.pids + _tasks_of_ours(egress_step is not None) + 1
-    fsize_blocks = limits.disk_mb * MiB // 512
-    return [
-        *(LAUNCH_SHELL, "-c", LAUNCH_SCRIPT, "launch", *map(str, cgroup.procs_files()), "--"),
-        *(str(NOFILE), str(fsize_blocks), str(nproc)),
-        *(egress_step or []),
-        *("setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"),
-        *("--inh-caps=-all", "--no-new-privs", "--"),
-        *("bwrap", "--args", str(args_fd), "--", *argv),  # options from the fd only
+    confine = [
+        *[arg for procs in cgroup.procs_files() for arg in ("join", str(procs))],
+        *("nofile", str(NOFILE), "core", "0", "fsize", str(limits.disk_mb * MiB)),
+        *("nproc", str(nproc)),
     ]
+    become = ["uid", str(uid), "--", "bwrap", "--args", str(args_fd), "--", *argv]
+    if egress_step is None:
+        return [helper, *confine, *become]
+    return [helper, *confine, "--", *egress_step, helper, *become]
 
 
 def teardown_scratch(scratch: Scratch, sandbox_gone: bool) -> list[str]:
@@ -221,11 +215,12 @@ class BwrapRun(OneShotRun):
         cgroup: SandboxCgroup,
         uid: int,
         seccomp: bytes,
+        helper: str,
         overhead_mb: int,
     ) -> None:
         self.spec, self.sink, self.cancel = spec, sink, cancel
         self.scratch, self.cgroup, self.uid = scratch, cgroup, uid
-        self.seccomp, self.overhead_mb = seccomp, overhead_mb
+        self.seccomp, self.helper, self.overhead_mb = seccomp, helper, overhead_mb
         self.limits = spec.limits
         self.proc: subprocess.Popen[bytes] | None = None
         self.streams: Streams | None = None
@@ -278,7 +273,9 @@ class BwrapRun(OneShotRun):
             fds.append(ca_fd := memfd_with("sandcell-ca-bundle", egress.ca_bundle.read_bytes()))
         fds.append(args_fd := args_memfd(bwrap_args(spec, self.scratch, seccomp_fd, ca_fd)))
         step = bwrap_egress_launch(egress, egress_mount_point(self.scratch)) if egress else None
-        return launcher(self.cgroup, self.uid, self.limits, args_fd, command(spec), step)
+        return launcher(
+            self.helper, self.cgroup, self.uid, self.limits, args_fd, command(spec), step
+        )
 
     def _limit_crossed(self, streams: Streams) -> Reason | None:
         if self.cancel.is_set():

@@ -1,7 +1,7 @@
 """bwrap's warm sandboxes: the same launch chain and isolation as a cold bwrap job, booted ahead.
 
 A warm bwrap sandbox (hand_over.py) is made exactly as a cold one is (bwrap_run.py): its own
-scratch disk, cgroup and host uid, the launch chain (cgroups, rlimits, setpriv, bwrap with every
+scratch disk, cgroup and host uid, the launch chain (cgroups, rlimits, the uid, bwrap with every
 namespace, the seccomp filter and the image root read-only), with the guest pool runner as its
 program. /job, /input and the guest channel directory are bind mounts of host directories, so
 the hand-over's code, inputs and channel socket are seen inside at once. At hand-over the
@@ -45,6 +45,7 @@ from sandcell.runtime.hand_over import (
     await_warm,
     stop_runner,
 )
+from sandcell.runtime.launch import launch_helper
 
 MiB = 1024 * 1024
 
@@ -107,7 +108,8 @@ class BwrapWarmFactory:
             fds.append(args_fd := args_memfd(bwrap_args(spec, warm.scratch, seccomp_fd)))
             # The runner is the program itself, without the ready wrapper: its ready line
             # comes at hand-over, so the job's clock (and its output) starts there.
-            argv = launcher(warm.cgroup, warm.uid, warm.profile, args_fd, spec.argv)
+            helper = launch_helper()
+            argv = launcher(helper, warm.cgroup, warm.uid, warm.profile, args_fd, spec.argv)
             warm.proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE,
@@ -174,6 +176,7 @@ class PooledBwrapRun(HandOverRun, BwrapRun):
             cgroup=warm.cgroup,
             uid=warm.uid,
             seccomp=b"",  # in force since the sandbox started
+            helper="",  # launched already
             overhead_mb=overhead_mb,
         )
         self.warm = warm
