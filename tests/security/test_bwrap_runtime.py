@@ -39,6 +39,10 @@ from tests.security.conftest import (
 
 pytestmark = pytest.mark.bwrap
 
+GETFLAGS, SETFLAGS = 0x80086601, 0x40086602  # FS_IOC_GETFLAGS, FS_IOC_SETFLAGS (chattr)
+# SYNC, NODUMP, NOATIME, DIRSYNC, TOPDIR: the inode flags a directory's owner may set itself
+OWNER_FLAGS = 0x8 | 0x40 | 0x80 | 0x10000 | 0x20000
+
 
 def test_print_reaches_the_sink_after_ready(run_bwrap: RunCode) -> None:
     ran = run_bwrap("print('hello from bwrap')")
@@ -388,31 +392,44 @@ def test_close_removes_the_parent_cgroup(bwrap: BwrapRuntime, python_image: Imag
 def test_the_next_job_on_a_kept_disk_finds_nothing_of_the_last(
     bwrap: BwrapRuntime, run_bwrap: RunCode
 ) -> None:
-    hostile = """
-import os
+    hostile = f"""
+import fcntl, os, struct
 for top in ("/workspace", "/output"):
-    with open(f"{top}/secret", "w") as f:
+    with open(f"{{top}}/secret", "w") as f:
         f.write("job 1")
-    os.makedirs(f"{top}/deep/er")
-    os.symlink("/etc/passwd", f"{top}/link")
+    os.makedirs(f"{{top}}/deep/er")
+    os.symlink("/etc/passwd", f"{{top}}/link")
     os.setxattr(top, "user.mark", b"job 1")
-    os.chmod(f"{top}/deep", 0)
+    os.chmod(f"{{top}}/deep", 0)
+    fd = os.open(top, os.O_RDONLY)  # chattr +SADdT: every inode flag its owner may set
+    flags = struct.unpack("i", fcntl.ioctl(fd, {GETFLAGS}, bytes(4)))[0]
+    fcntl.ioctl(fd, {SETFLAGS}, struct.pack("i", flags | {OWNER_FLAGS}))
+    flags = struct.unpack("i", fcntl.ioctl(fd, {GETFLAGS}, bytes(4)))[0]
+    print(flags & {OWNER_FLAGS} == {OWNER_FLAGS})
+    os.close(fd)
+    os.utime(top, (0, 0))
 os.chmod("/output", 0o777)
 """
     first = run_bwrap(hostile)
     assert first.result.exit_code == 0, first.sink.stderr
+    assert first.sink.stdout == "True\nTrue\n"  # the flags took
     kept = bwrap.shelf.kept()
     assert kept >= 1  # its disk was kept, emptied, for the next job
-    looks = """
-import os
+    looks = f"""
+import fcntl, os, struct
 for top in ("/workspace", "/output"):
     st = os.stat(top)
     mine = st.st_uid == os.getuid()
     print(top, os.listdir(top), os.listxattr(top), oct(st.st_mode & 0o777), mine)
+    fd = os.open(top, os.O_RDONLY)
+    flags = struct.unpack("i", fcntl.ioctl(fd, {GETFLAGS}, bytes(4)))[0]
+    print(flags & {OWNER_FLAGS}, st.st_mtime > 0, st.st_atime > 0)
 """
     second = run_bwrap(looks)
     assert bwrap.shelf.kept() == kept  # it took a kept disk and gave it back
     assert second.sink.stdout.splitlines() == [
         "/workspace [] [] 0o755 True",
+        "0 True True",
         "/output [] [] 0o755 True",
+        "0 True True",
     ], second.sink.stderr
