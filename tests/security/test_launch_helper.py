@@ -98,3 +98,13 @@ def test_once_it_left_root_neither_the_helper_nor_root_is_within_reach(helper: s
     setuid = "import os\ntry: os.setresuid(0, 0, 0)\nexcept PermissionError: print('refused')"
     done = launch(helper, "uid", str(UID), program=("/usr/bin/python3.11", "-c", setuid))
     assert done.stdout == "refused\n", done.stderr
+
+
+def test_it_is_compiled_where_asked_and_again_once_gone(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: as the worker")
+    path = launch_helper(tmp_path)
+    assert Path(path).parent == tmp_path and os.stat(path).st_mode & 0o777 == 0o700
+    os.unlink(path)
+    assert launch_helper(tmp_path) == path and os.access(path, os.X_OK)
+    assert sorted(os.listdir(tmp_path)) == [Path(path).name]  # no partial build left

@@ -25,17 +25,27 @@ COMPILE_TIMEOUT_S = 120
 FAILED_EXIT = 125  # a step failed: nothing of the sandbox ran
 
 
-@cache
 def launch_helper(root: Path = RUN_ROOT) -> str:
-    """The helper's path, compiled first if this boot has not compiled this source yet."""
-    source = SOURCE.read_bytes()
-    digest = hashlib.sha256(source + "\0".join(COMPILE).encode()).hexdigest()[:16]
-    path = root / f"launch-{digest}"
-    if root == RUN_ROOT:
-        ensure_tmpfs(root)
-    if not path.exists():
-        _compile(source, path)
-    return str(path)
+    """The helper's path, compiled first if this boot has not compiled this source yet (or
+    it is gone: one stat a sandbox)."""
+    path = _helper_path(root)
+    if not os.path.exists(path):
+        if root == RUN_ROOT:
+            ensure_tmpfs(root)
+        _compile(_source(), Path(path))
+    return path
+
+
+@cache
+def _helper_path(root: Path) -> str:
+    """Named by a digest of the source and the compiler's arguments."""
+    digest = hashlib.sha256(_source() + "\0".join(COMPILE).encode()).hexdigest()
+    return str(root / f"launch-{digest[:16]}")
+
+
+@cache
+def _source() -> bytes:
+    return SOURCE.read_bytes()
 
 
 def _compile(source: bytes, path: Path) -> None:
