@@ -14,6 +14,7 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Engine,
+    Select,
     and_,
     bindparam,
     case,
@@ -298,28 +299,22 @@ def _tenant_from_row(row: Any) -> Tenant:
     return Tenant(**values)
 
 
+def _artifacts_where(which: ColumnElement[bool]) -> Select[Any]:
+    return select(artifacts).where(which).order_by(artifacts.c.path)
+
+
+def _stages_where(which: ColumnElement[bool]) -> Select[Any]:
+    return select(job_stages).where(which).order_by(job_stages.c.committed_at)
+
+
 # A job's outputs and stages (or a page of jobs'), read for every record rendered; built once,
 # the list of ids bound at each run ("expanding").
-_ARTIFACTS_OF = (
-    select(artifacts)
-    .where(artifacts.c.job_id.in_(bindparam("jobs", expanding=True)))
-    .order_by(artifacts.c.path)
-)
-_STAGES_OF = (
-    select(job_stages)
-    .where(job_stages.c.job_id.in_(bindparam("jobs", expanding=True)))
-    .order_by(job_stages.c.committed_at)
-)
+_ARTIFACTS_OF = _artifacts_where(artifacts.c.job_id.in_(bindparam("jobs", expanding=True)))
+_STAGES_OF = _stages_where(job_stages.c.job_id.in_(bindparam("jobs", expanding=True)))
 # The same for one job, as every wait for a job's end reads it: an expanding IN is rendered
 # again on every execution, which cost more CPU than the query.
-_ARTIFACTS_OF_JOB = (
-    select(artifacts).where(artifacts.c.job_id == bindparam("job")).order_by(artifacts.c.path)
-)
-_STAGES_OF_JOB = (
-    select(job_stages)
-    .where(job_stages.c.job_id == bindparam("job"))
-    .order_by(job_stages.c.committed_at)
-)
+_ARTIFACTS_OF_JOB = _artifacts_where(artifacts.c.job_id == bindparam("job"))
+_STAGES_OF_JOB = _stages_where(job_stages.c.job_id == bindparam("job"))
 
 
 def _outputs_of(
