@@ -84,3 +84,23 @@ def test_two_commits_side_by_side_run_alternating_rounds() -> None:
     for side in ("base", "head"):
         assert len(report[side]["rate_by_round"]) == 2, report
         assert report[side]["api_cpu_ms_per_job"] > 0 and report[side]["worker_cpu_ms_per_job"] > 0
+
+
+def test_a_jobs_first_process_is_measured_three_ways_against_a_bare_script() -> None:
+    """`bench.first_process`: each way starts `print(1)` in the image root, and the host's
+    mount table never shows the bind it runs them with."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: chroot and a mount namespace")
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.first_process", "--runs", "3"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["runs"] == 3 and report["script"]["vs_script"] == 1.0
+    for way in ("script", "shell_wrapper", "as_script"):
+        assert report[way]["median_cpu_ms"] > 0, report
+    assert "rootfs/job" not in Path("/proc/self/mountinfo").read_text()
