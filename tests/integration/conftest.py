@@ -54,6 +54,7 @@ def gvisor(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GVisorRuntime]:
     runtime.check()
     yield runtime
     runtime.reap()
+    runtime.close()  # its parent cgroup and its directory under /run/sandcell
 
 
 @dataclass

@@ -536,6 +536,7 @@ def test_reap_removes_everything_a_crashed_worker_left(
     assert any(item.startswith("loop device /dev/loop") for item in removed)
     assert_released(runtime, sandbox_id)
     assert runtime.reap() == []
+    runtime.close()  # its parent cgroup and its directory under /run/sandcell
 
 
 def test_close_removes_the_parent_cgroup_once_nothing_is_under_it(

@@ -41,6 +41,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GVisorSessionR
     runtime.check()
     yield runtime
     runtime.reap()
+    runtime.close()
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,7 @@ def runtime(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GVisorSessionR
     runtime.check()
     yield runtime
     runtime.reap()
+    runtime.close()
 
 
 @pytest.fixture(scope="module")
@@ -475,7 +476,8 @@ def test_reap_after_a_crash_removes_sandboxes_and_keeps_volumes(
         assert cell(again, "open('kept.txt').read()")["result"] == "'kept'"
     finally:
         assert again.stop()
-        restarted.reap()  # and the runtime's parent cgroup, which `resume` made again
+        restarted.reap()
+        restarted.close()  # the parent cgroup `resume` made again, and the run directory
 
 
 def test_running_out_of_memory_ends_the_session_with_a_reason(

@@ -47,6 +47,7 @@ def runtimes() -> Iterator[dict[str, AnyRuntime]]:
     yield made
     for runtime in made.values():
         runtime.reap()
+        runtime.close()  # its parent cgroup and its directory under /run/sandcell
         shutil.rmtree(runtime.state_dir, ignore_errors=True)
 
 

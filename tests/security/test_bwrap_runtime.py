@@ -352,6 +352,7 @@ def test_reap_removes_everything_a_killed_worker_left(bwrap: BwrapRuntime) -> No
     assert_released(runtime, sandbox_id)
     assert not processes_of_uid(runtime.uids.first)
     assert runtime.reap() == []
+    runtime.close()  # its parent cgroup and its directory under /run/sandcell
 
 
 def test_a_uid_a_process_still_runs_as_is_never_handed_out_again() -> None:
