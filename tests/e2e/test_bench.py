@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,15 +48,7 @@ def test_the_least_service_runs_beside_the_floor_and_sandcell() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root: bwrap's cgroups and loop devices")
     argv = ["--rounds", "1", "--jobs", "4", "--concurrency", "2"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.lower_bound", *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=Path(__file__).parents[2],
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    report = _bench_report("bench.lower_bound", argv)
     assert report["floor"]["vs_floor"] == 1.0
     for way in ("floor", "floor_with_disk", "least_service", "sandcell"):
         assert len(report[way]["rate_by_round"]) == 1, report
@@ -71,15 +64,7 @@ def test_two_commits_side_by_side_run_alternating_rounds() -> None:
     if checkout.returncode != 0:
         pytest.skip("needs a git checkout: the base commit is checked out beside it")
     argv = ["HEAD", "--rounds", "2", "--jobs", "4", "--concurrency", "2"]
-    done = subprocess.run(
-        [sys.executable, "-m", "bench.ab", *argv],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=Path(__file__).parents[2],
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
+    report = _bench_report("bench.ab", argv)
     assert report["base_revision"] == "HEAD" and len(report["head_vs_base_by_round"]) == 2
     for side in ("base", "head"):
         assert len(report[side]["rate_by_round"]) == 2, report
@@ -91,16 +76,22 @@ def test_a_jobs_first_process_is_measured_three_ways_against_a_bare_script() -> 
     mount table never shows the bind it runs them with."""
     if os.geteuid() != 0:
         pytest.skip("needs root: chroot and a mount namespace")
+    report = _bench_report("bench.first_process", ["--runs", "3"])
+    assert report["runs"] == 3 and report["script"]["vs_script"] == 1.0
+    for way in ("script", "shell_wrapper", "as_script"):
+        assert report[way]["median_cpu_ms"] > 0, report
+    assert "rootfs/job" not in Path("/proc/self/mountinfo").read_text()
+
+
+def _bench_report(module: str, argv: list[str]) -> dict[str, Any]:
+    """Run `python -m module argv` from the checkout; its JSON report, once it has succeeded."""
     done = subprocess.run(
-        [sys.executable, "-m", "bench.first_process", "--runs", "3"],
+        [sys.executable, "-m", module, *argv],
         capture_output=True,
         text=True,
         timeout=300,
         cwd=Path(__file__).parents[2],
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)
-    assert report["runs"] == 3 and report["script"]["vs_script"] == 1.0
-    for way in ("script", "shell_wrapper", "as_script"):
-        assert report[way]["median_cpu_ms"] > 0, report
-    assert "rootfs/job" not in Path("/proc/self/mountinfo").read_text()
+    report: dict[str, Any] = json.loads(done.stdout)
+    return report
