@@ -19,13 +19,15 @@ from sandcell.runtime.images import build_image
 from sandcell.runtime.scratch import attached_loops
 
 IMAGE_DIR = Path(os.environ.get("SANDCELL_IMAGE_DIR", "/var/lib/sandcell/images"))
-# HOME as a job has it (the worker's base environment): so a job's code starts as in service
-# (gVisor: the as_script bootstrap, see bundle.program).
+# HOME and PWD as a job has them (the worker's base environment): so a job's code starts as
+# in service (gVisor: the as_script bootstrap, see bundle.program; bwrap: as it is, see
+# bwrap_run.command).
 GUEST_ENV = {
     "PATH": "/usr/bin:/bin",
     "PYTHONUNBUFFERED": "1",
     "LANG": "C.UTF-8",
     "HOME": "/workspace",
+    "PWD": "/workspace",
 }
 
 

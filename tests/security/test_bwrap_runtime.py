@@ -120,14 +120,18 @@ def test_inode_flood_is_disk(run_bwrap: RunCode) -> None:
     assert ran.result.reason is Reason.DISK and ran.result.exit_code == 1
 
 
-def test_environment_is_exactly_the_specs(run_bwrap: RunCode) -> None:
+@pytest.mark.parametrize("pwd", [True, False], ids=["as-is", "wrapped"])
+def test_environment_is_exactly_the_specs(run_bwrap: RunCode, pwd: bool) -> None:
+    # With PWD (as jobs have it) the program runs as it is; without, the wrapper must take
+    # out the PWD that bwrap sets.
+    env = GUEST_ENV if pwd else {k: v for k, v in GUEST_ENV.items() if k != "PWD"}
     os.environ["SANDCELL_HOST_ONLY_SECRET"] = "must-not-leak"
     try:
-        ran = run_bwrap("print(open('/proc/self/environ', 'rb').read().decode())")
+        ran = run_bwrap("print(open('/proc/self/environ', 'rb').read().decode())", env=env)
     finally:
         del os.environ["SANDCELL_HOST_ONLY_SECRET"]
     started_with = dict(v.split("=", 1) for v in ran.sink.stdout.rstrip("\n").split("\0") if v)
-    assert started_with == GUEST_ENV
+    assert started_with == env
 
 
 def test_no_file_descriptor_or_host_path_leaks_in(run_bwrap: RunCode) -> None:
@@ -160,11 +164,15 @@ def test_cpu_quota_applies(run_bwrap: RunCode) -> None:
     assert ran.result.reason is None and ran.result.usage["cpu_s"] < 0.5
 
 
+@pytest.mark.parametrize("own_code", [False, True], ids=["wrapped", "as-is"])
 def test_a_broken_image_is_runtime_error_and_released(
-    bwrap: BwrapRuntime, python_image: Image
+    bwrap: BwrapRuntime, python_image: Image, own_code: bool
 ) -> None:
+    # As it is (a job's own code), no ready line tells a sandbox that never started: bwrap's
+    # status does, by the exit code it reports only for a program it ran.
     broken = replace(python_image, rootfs=Path("/nonexistent-rootfs"))
-    spec = SandboxSpec("b-broken-image", broken, ["/bin/true"], GUEST_ENV, Limits())
+    argv = [broken.python, "/job/main.py"] if own_code else ["/bin/true"]
+    spec = SandboxSpec("b-broken-image", broken, argv, GUEST_ENV, Limits(), code=b"print(1)")
     result = bwrap.run(spec, RecordingSink(), threading.Event())
     assert result.reason is Reason.RUNTIME_ERROR and result.released
     assert "bwrap failed to start" in result.detail and "nonexistent-rootfs" in result.detail

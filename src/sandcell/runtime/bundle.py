@@ -123,15 +123,21 @@ def program(spec: SandboxSpec) -> list[str]:
     gVisor (~17 ms of the job's wall time). Any other program gets the shell wrapper; so
     does a job whose egress bridge starts first, and a spec without HOME: runsc would add
     one, and only an exec takes it out of the process's /proc/self/environ (jobs always have
-    HOME). bwrap keeps the wrapper: it sets PWD itself, and on the host kernel the bootstrap
-    costs more than the shell's exec. Its compile() is the process's first, which builds the
-    interpreter's AST types: 13.6 ms of CPU a start against the wrapper's 12.8 and a bare
-    script's 12.1 (`python -m bench.first_process`).
+    HOME). bwrap needs neither: it runs a job's own code as it is (bwrap_run.command). On the
+    host kernel the bootstrap would cost more than even the shell's exec: its compile() is the
+    process's first, which builds the interpreter's AST types (13.6 ms of CPU a start, against
+    the wrapper's 12.8 and a bare script's 12.1: `python -m bench.first_process`).
     """
     bridge = spec.image.python if spec.egress is not None else None
-    if bridge is None and "HOME" in spec.env and spec.argv == [spec.image.python, MAIN]:
+    if runs_own_code(spec) and "HOME" in spec.env:
         return [spec.image.python, "-c", f"{_as_script_source()}\nstart()\n", MAIN]
     return [*ready_wrapper(spec.env, bridge), *spec.argv]
+
+
+def runs_own_code(spec: SandboxSpec) -> bool:
+    """Whether the sandbox runs a job's own code, `python /job/main.py`, with no egress
+    bridge to start first: its first process can be the program itself."""
+    return spec.egress is None and spec.argv == [spec.image.python, MAIN]
 
 
 @cache

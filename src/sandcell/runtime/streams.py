@@ -63,8 +63,13 @@ class Streams:
         sink: SandboxSink,
         cap: int,
         exit_lines: bool = False,
+        ready_line: bool = True,
     ) -> None:
         self.sink = sink
+        # Without a ready line (a sandbox whose start the runtime tells apart by other means),
+        # the program is taken as running from the start, and the head of stderr is kept too:
+        # whatever the runtime itself printed there, if the program never ran.
+        self._ready_line = ready_line
         self.budget = OutputBudget(sink, cap)
         self.ready_at: float | None = None  # monotonic time the ready line arrived
         self.decided = threading.Event()  # ready, or stdout ended (or lied) without it
@@ -93,6 +98,8 @@ class Streams:
         return out if out is not None and out == err else None
 
     def start(self) -> None:
+        if not self._ready_line:
+            self._mark_ready()
         for thread in self._threads:
             thread.start()
 
@@ -133,7 +140,7 @@ class Streams:
                 self.decided.wait()  # stdout tells whether this is the guest's or runsc's
                 if self.ready:
                     self._pipe_data("stderr", chunk)
-                else:
+                if not self.ready or not self._ready_line:
                     self._keep_early(chunk)
             self._pipe_data("stderr", b"", eof=True)
         finally:

@@ -72,6 +72,7 @@ SWEEPS_PER_LEASE = 3
 BASE_ENV = {
     "PATH": "/usr/local/bin:/usr/bin:/bin",
     "HOME": "/workspace",
+    "PWD": "/workspace",  # the working directory, as a shell (and bwrap) would say it
     "TMPDIR": "/tmp",
     "LANG": "C.UTF-8",
     "PYTHONDONTWRITEBYTECODE": "1",
