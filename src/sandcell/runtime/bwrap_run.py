@@ -17,7 +17,8 @@ How each reason is told apart (first match wins), as in the gVisor runtime:
 - cancelled / timeout / output_limit: the watch loop saw it and killed the whole cgroup;
 - memory: the cgroup's `oom_kill` counter moved (the kernel OOM killer took a guest process);
 - pids: the cgroup's `pids.events` max counter moved (a fork or thread past `pids` failed);
-- runtime_error: the ready line never came (bwrap could not build the sandbox);
+- runtime_error: bwrap could not build the sandbox: the ready line never came, or, for a
+  program run as it is (`command`), bwrap's status reports no exit code;
 - none: exit status 0;
 - disk: a failing exit while the scratch disk has no free blocks or inodes left;
 - exit_code: any other failing exit (128 + n for death by signal n, as bwrap reports it).
@@ -97,7 +98,7 @@ def bwrap_args(
         *("--ro-bind", str(scratch.job), "/job", "--ro-bind", str(scratch.input), "/input"),
         *[arg for src, dest in guest_binds(spec) for arg in ("--ro-bind", str(src), dest)],
         *(bwrap_egress_args(egress_mount_point(scratch), ca_fd) if ca_fd is not None else []),
-        *("--bind", str(scratch.workspace), "/workspace"),
+        *("--bind", str(scratch.workspace), WORKDIR),
         *("--bind", str(scratch.output), "/output"),
         *("--chdir", WORKDIR, "--clearenv", *env),
     ]
