@@ -23,6 +23,7 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    literal_column,
     or_,
     select,
     true,
@@ -86,6 +87,16 @@ PHASES = {  # how long a job spent: waiting, becoming ready, running
     "run": ("started_at", "finished_at"),
 }
 
+
+def _one_of(column: ColumnElement[str], states: Sequence[str]) -> ColumnElement[bool]:
+    """`column IN (states)` with our own constant states written into the SQL: an IN of bound
+    values is rendered again on every execution (~25 us of CPU here)."""
+    return column.in_([literal_column(f"'{state}'") for state in states])
+
+
+_IS_ACTIVE = _one_of(jobs.c.state, ACTIVE)
+_IS_TERMINAL = _one_of(jobs.c.state, TERMINAL)
+
 # The claim's statements, built once: building a statement costs more CPU than running it on
 # SQLite (~0.17 ms against ~0.08 ms measured), and workers claim on every wake-up.
 # A job past its `expires_at` is never claimed, even before the housekeeping that ends it.
@@ -126,7 +137,7 @@ _JOB = select(jobs).where(jobs.c.id == bindparam("job"))
 _JOB_OF_TENANT = _JOB.where(jobs.c.tenant_id == bindparam("tenant"))
 _CANCEL_REQUESTED_AT = select(jobs.c.cancel_requested_at).where(jobs.c.id == bindparam("job"))
 _ENDED_AMONG = select(jobs.c.id).where(
-    jobs.c.id.in_(bindparam("jobs", expanding=True)), jobs.c.state.in_(TERMINAL)
+    jobs.c.id.in_(bindparam("jobs", expanding=True)), _IS_TERMINAL
 )
 _CANCELS_REQUESTED = select(jobs.c.id).where(
     jobs.c.id.in_(bindparam("jobs", expanding=True)), jobs.c.cancel_requested_at.is_not(None)
@@ -155,7 +166,7 @@ _UPDATE_OWNED = update(jobs).where(_OWNED)  # the SET clause: the values given
 _ENDED = and_(
     jobs.c.id == bindparam("of_job"),
     jobs.c.fencing_token == bindparam("of_token"),
-    jobs.c.state.in_(TERMINAL),
+    _IS_TERMINAL,
 )
 _RECORD_RELEASE = update(jobs).where(_ENDED)  # the SET clause: the values given
 _LAST_LOG_SEQ = select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == bindparam("job"))
@@ -174,7 +185,7 @@ _ADD_STORED_BYTES = (  # the parameter is not named like the column: SET claims 
 _ACTIVE_JOBS = (
     select(func.count())
     .select_from(jobs)
-    .where(jobs.c.tenant_id == bindparam("tenant"), jobs.c.state.in_(ACTIVE))
+    .where(jobs.c.tenant_id == bindparam("tenant"), _IS_ACTIVE)
 )
 _BUCKET_KEY = and_(  # not named like the columns: an update's SET claims those names
     rate_buckets.c.tenant_id == bindparam("of_tenant"),
@@ -851,7 +862,7 @@ class SqlStore:
         with self._tx() as conn:
             failed = conn.execute(
                 update(jobs)
-                .where(jobs.c.id == job_id, jobs.c.state.in_(ACTIVE), *fenced)
+                .where(jobs.c.id == job_id, _IS_ACTIVE, *fenced)
                 .values(
                     state=reason.state.value,
                     reason=reason.value,
