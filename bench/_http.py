@@ -3,6 +3,7 @@
 import io
 import json
 import random
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,6 +40,50 @@ def run_job(http: httpx.Client, body: dict[str, Any]) -> dict[str, Any]:
     while job["state"] not in TERMINAL:
         job = http.get(f"/v1/jobs/{job['id']}", params={"wait": 30}).raise_for_status().json()
     return job
+
+
+@contextmanager
+def lean_job_runner(http: httpx.Client, body: dict[str, Any]) -> Iterator[Callable[[], None]]:
+    """A function that runs `body` to completion as `run_job` does, through the standard
+    library's `http.client` with a connection per thread, as a lean load generator (wrk, hey)
+    would. The throughput rounds use it: on the same two cores as the service, httpx spent
+    1.3-1.8 ms of the machine's CPU a job against 0.45-0.6 ms for this (session 32)."""
+    url = urlsplit(str(http.base_url))
+    headers = {"Authorization": http.headers["Authorization"], "Content-Type": "application/json"}
+    payload = json.dumps(body).encode()
+    mine, opened = threading.local(), list[HTTPConnection]()
+
+    def connection() -> HTTPConnection:
+        conn: HTTPConnection | None = getattr(mine, "conn", None)
+        if conn is None:
+            conn = mine.conn = HTTPConnection(url.hostname or "", url.port, timeout=120)
+            opened.append(conn)
+            conn.connect()
+            assert conn.sock is not None
+            conn.sock.setsockopt(*NODELAY)
+        return conn
+
+    def call(method: str, path: str, data: bytes | None) -> dict[str, Any]:
+        conn = connection()
+        conn.request(method, path, data, headers)
+        answer = conn.getresponse()
+        text = answer.read()
+        if answer.status >= 400:
+            raise SystemExit(f"{method} {path} answered {answer.status} {text[:500]!r}")
+        record: dict[str, Any] = json.loads(text)
+        return record
+
+    def run() -> None:
+        job = call("POST", "/v1/jobs?wait=30", payload)
+        while job["state"] not in TERMINAL:
+            job = call("GET", f"/v1/jobs/{job['id']}?wait=30", None)
+        completed(job)
+
+    try:
+        yield run
+    finally:
+        for conn in opened:
+            conn.close()
 
 
 def completed(record: dict[str, Any]) -> dict[str, Any]:

@@ -326,9 +326,9 @@ def _throughput(
         scratch_dir() as scratch,
         server(scratch / runtime, env) as url,
         tenant_client(url) as http,
+        jobs.lean_job_runner(http, TRIVIAL) as job,
     ):
-        jobs.completed(jobs.run_job(http, TRIVIAL))
-        job = lambda: jobs.completed(jobs.run_job(http, TRIVIAL))  # noqa: E731
+        job()
         for c in plan.concurrency:
             share = plan.jobs_per_round(runtime, c)
             ours, theirs, floor = Spent(), Spent(), Spent()
@@ -346,8 +346,10 @@ def _throughput(
                 "ratio": ratio(ours.rate(), theirs.rate()),
                 "ratio_by_round": ratios_by_round(ours, theirs),
                 # Where the two cores went, per job: the whole machine, and of that the API's
-                # and the worker's own Python (the rest: runsc, the kernel, this client).
+                # and the worker's own Python, and this client's (the rest: the sandboxes and
+                # the kernel).
                 "cpu_ms_per_job": ours.cpu_ms_per_action(),
+                "client_cpu_ms_per_job": ours.client_cpu_ms_per_action(),
                 "raw_cpu_ms_per_start": theirs.cpu_ms_per_action(),
                 **{f"{role}_cpu_ms_per_job": round(s / ours.done * 1000, 1) for role, s in service},
                 "floor_per_s": floor.rate(),
@@ -360,17 +362,18 @@ def _throughput(
 
 
 class Spent:
-    """Actions done, wall seconds and machine CPU seconds, summed over rounds; and each
-    round's rate, to set beside the other launcher's rate in the same round."""
+    """Actions done, wall seconds, machine CPU seconds and this process's, summed over rounds;
+    and each round's rate, to set beside the other launcher's rate in the same round."""
 
     def __init__(self) -> None:
-        self.done, self.wall_s, self.cpu_s = 0, 0.0, 0.0
+        self.done, self.wall_s, self.cpu_s, self.client_cpu_s = 0, 0.0, 0.0, 0.0
         self.round_rates: list[float] = []
 
     def add(self, action: Callable[[], object], count: int, concurrency: int) -> None:
-        busy = busy_cpu_s()
+        busy, client = busy_cpu_s(), time.process_time()
         per_s = rate(action, count, concurrency)
         self.cpu_s += busy_cpu_s() - busy
+        self.client_cpu_s += time.process_time() - client
         self.done += count
         self.wall_s += count / per_s
         self.round_rates.append(per_s)
@@ -380,6 +383,9 @@ class Spent:
 
     def cpu_ms_per_action(self) -> float:
         return round(self.cpu_s / self.done * 1000, 1)
+
+    def client_cpu_ms_per_action(self) -> float:
+        return round(self.client_cpu_s / self.done * 1000, 2)
 
 
 def ratios_by_round(ours: Spent, theirs: Spent) -> list[float]:
