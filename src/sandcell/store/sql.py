@@ -5,7 +5,7 @@ Writers that race (idempotent submission, claiming) rely on the database: a prim
 """
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, fields
 from typing import Any
@@ -61,6 +61,7 @@ from sandcell.domain.workers import StopMode, WorkerStatus
 from sandcell.store import session_cells as cell_history
 from sandcell.store import worker_control
 from sandcell.store.migrate import migrate
+from sandcell.store.prepared import Prepared
 from sandcell.store.schema import (
     api_keys,
     artifacts,
@@ -98,7 +99,8 @@ _IS_ACTIVE = _one_of(jobs.c.state, ACTIVE)
 _IS_TERMINAL = _one_of(jobs.c.state, TERMINAL)
 
 # The claim's statements, built once: building a statement costs more CPU than running it on
-# SQLite (~0.17 ms against ~0.08 ms measured), and workers claim on every wake-up.
+# SQLite (~0.17 ms against ~0.08 ms measured), and workers claim on every wake-up. Those every
+# job runs are Prepared: run on the driver's cursor (store/prepared.py).
 # A job past its `expires_at` is never claimed, even before the housekeeping that ends it.
 _QUEUED = (
     select(jobs.c.id)
@@ -111,7 +113,8 @@ _QUEUED = (
 )
 # Two statements: in one (`UPDATE ... WHERE id IN (SELECT ... LIMIT n FOR UPDATE SKIP
 # LOCKED)`, or `FROM` it) PostgreSQL claimed every queued job whatever the limit.
-_CANDIDATES = _QUEUED.limit(bindparam("up_to")).with_for_update(skip_locked=True)
+_CANDIDATES = Prepared(_QUEUED.limit(bindparam("up_to")).with_for_update(skip_locked=True))
+_ANY_QUEUED = Prepared(_QUEUED)
 
 
 def _claim(which: ColumnElement[bool]) -> ReturningUpdate[Any]:
@@ -132,9 +135,11 @@ def _claim(which: ColumnElement[bool]) -> ReturningUpdate[Any]:
 
 _CLAIM = _claim(jobs.c.id.in_(bindparam("jobs", expanding=True)))
 # The usual claim, one job: an `IN` list is rendered again on every execution (~50 us).
-_CLAIM_ONE = _claim(jobs.c.id == bindparam("job"))
-_JOB = select(jobs).where(jobs.c.id == bindparam("job"))
-_JOB_OF_TENANT = _JOB.where(jobs.c.tenant_id == bindparam("tenant"))
+_CLAIM_ONE = Prepared(_claim(jobs.c.id == bindparam("job")))
+_JOB = Prepared(select(jobs).where(jobs.c.id == bindparam("job")))
+_JOB_OF_TENANT = Prepared(
+    select(jobs).where(jobs.c.id == bindparam("job"), jobs.c.tenant_id == bindparam("tenant"))
+)
 _CANCEL_REQUESTED_AT = select(jobs.c.cancel_requested_at).where(jobs.c.id == bindparam("job"))
 _ENDED_AMONG = select(jobs.c.id).where(
     jobs.c.id.in_(bindparam("jobs", expanding=True)), _IS_TERMINAL
@@ -160,7 +165,7 @@ _OWNED = and_(
     jobs.c.state == JobState.RUNNING.value,
 )
 _OWNED_ROW = select(jobs.c.id).where(_OWNED).with_for_update()
-_UPDATE_OWNED = update(jobs).where(_OWNED)  # the SET clause: the values given
+_UPDATE_OWNED = Prepared(update(jobs).where(_OWNED), columns_from_values=True)
 # The same attempt's job once it has ended: its release is recorded after the end. Built
 # here, the IN's cache key is not made again on every job (0.37 -> 0.18 ms of CPU a record).
 _ENDED = and_(
@@ -168,21 +173,24 @@ _ENDED = and_(
     jobs.c.fencing_token == bindparam("of_token"),
     _IS_TERMINAL,
 )
-_RECORD_RELEASE = update(jobs).where(_ENDED)  # the SET clause: the values given
-_LAST_LOG_SEQ = select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == bindparam("job"))
-_INSERT_LOGS = insert(job_logs)
+_RECORD_RELEASE = Prepared(update(jobs).where(_ENDED), columns_from_values=True)
+_LAST_LOG_SEQ = Prepared(
+    select(func.max(job_logs.c.seq)).where(job_logs.c.job_id == bindparam("job"))
+)
+_INSERT_LOGS = Prepared(insert(job_logs), columns_from_values=True)
+_INSERT_ARTIFACTS = Prepared(insert(artifacts), columns_from_values=True)
 # What an admission runs on every submit.
-_INSERT_JOB = insert(jobs)
-_TENANT_LOCK = (
+_INSERT_JOB = Prepared(insert(jobs), columns_from_values=True)
+_TENANT_LOCK = Prepared(
     select(tenants.c.stored_bytes).where(tenants.c.id == bindparam("tenant")).with_for_update()
 )
 _STORED_BYTES = select(tenants.c.stored_bytes).where(tenants.c.id == bindparam("tenant"))
-_ADD_STORED_BYTES = (  # the parameter is not named like the column: SET claims that name
+_ADD_STORED_BYTES = Prepared(  # the parameter is not named like the column: SET claims that name
     update(tenants)
     .where(tenants.c.id == bindparam("of_tenant"))
     .values(stored_bytes=tenants.c.stored_bytes + bindparam("delta"))
 )
-_ACTIVE_JOBS = (
+_ACTIVE_JOBS = Prepared(
     select(func.count())
     .select_from(jobs)
     .where(jobs.c.tenant_id == bindparam("tenant"), _IS_ACTIVE)
@@ -191,8 +199,8 @@ _BUCKET_KEY = and_(  # not named like the columns: an update's SET claims those 
     rate_buckets.c.tenant_id == bindparam("of_tenant"),
     rate_buckets.c.bucket == bindparam("of_bucket"),
 )
-_BUCKET = select(rate_buckets).where(_BUCKET_KEY).with_for_update()
-_BUCKET_TAKEN = (
+_BUCKET = Prepared(select(rate_buckets).where(_BUCKET_KEY).with_for_update())
+_BUCKET_TAKEN = Prepared(
     update(rate_buckets)
     .where(_BUCKET_KEY)
     .values(tokens=bindparam("left"), updated_at=bindparam("at"))
@@ -257,7 +265,7 @@ def _spec_from_json(data: dict[str, Any]) -> JobSpec:
 
 
 def _job_from_row(row: Any) -> Job:
-    m = row._mapping
+    m = _mapping(row)
     return Job(
         id=m["id"],
         tenant_id=m["tenant_id"],
@@ -285,6 +293,11 @@ def _job_from_row(row: Any) -> Job:
         pooled=bool(m["pooled"]),
         sandbox_id=m["sandbox_id"],
     )
+
+
+def _mapping(row: Any) -> Mapping[str, Any]:
+    """A row's values by column: an SQLAlchemy Row's, or a Prepared statement's dict."""
+    return row if isinstance(row, dict) else row._mapping
 
 
 def _worker_from_row(r: Any) -> WorkerInfo:
@@ -324,8 +337,8 @@ _ARTIFACTS_OF = _artifacts_where(artifacts.c.job_id.in_(bindparam("jobs", expand
 _STAGES_OF = _stages_where(job_stages.c.job_id.in_(bindparam("jobs", expanding=True)))
 # The same for one job, as every wait for a job's end reads it: an expanding IN is rendered
 # again on every execution, which cost more CPU than the query.
-_ARTIFACTS_OF_JOB = _artifacts_where(artifacts.c.job_id == bindparam("job"))
-_STAGES_OF_JOB = _stages_where(job_stages.c.job_id == bindparam("job"))
+_ARTIFACTS_OF_JOB = Prepared(_artifacts_where(artifacts.c.job_id == bindparam("job")))
+_STAGES_OF_JOB = Prepared(_stages_where(job_stages.c.job_id == bindparam("job")))
 
 
 def _outputs_of(
@@ -334,29 +347,39 @@ def _outputs_of(
     found: dict[str, tuple[list[Artifact], list[dict[str, Any]]]] = {
         job_id: ([], []) for job_id in job_ids
     }
-    params: dict[str, Any]
+    artifact_rows: Iterable[Any]
+    stage_rows: Iterable[Any]
     if len(job_ids) == 1:
-        artifacts_of, stages_of, params = _ARTIFACTS_OF_JOB, _STAGES_OF_JOB, {"job": job_ids[0]}
+        one = {"job": job_ids[0]}
+        artifact_rows, stage_rows = (
+            _ARTIFACTS_OF_JOB.rows(conn, one),
+            _STAGES_OF_JOB.rows(conn, one),
+        )
     else:
-        artifacts_of, stages_of, params = _ARTIFACTS_OF, _STAGES_OF, {"jobs": job_ids}
-    for row in conn.execute(artifacts_of, params):
-        found[row.job_id][0].append(_artifact_from_row(row))
-    for row in conn.execute(stages_of, params):
-        found[row.job_id][1].append(_stage_from_row(row))
+        many = {"jobs": job_ids}
+        artifact_rows, stage_rows = (
+            conn.execute(_ARTIFACTS_OF, many),
+            conn.execute(_STAGES_OF, many),
+        )
+    for row in artifact_rows:
+        found[_mapping(row)["job_id"]][0].append(_artifact_from_row(row))
+    for row in stage_rows:
+        found[_mapping(row)["job_id"]][1].append(_stage_from_row(row))
     return found
 
 
 def _stage_from_row(row: Any) -> dict[str, Any]:
+    m = _mapping(row)
     return {
-        "name": row.name,
-        "attempt": row.attempt,
-        "committed_at": row.committed_at,
-        "files": row.files,
+        "name": m["name"],
+        "attempt": m["attempt"],
+        "committed_at": m["committed_at"],
+        "files": m["files"],
     }
 
 
 def _artifact_from_row(row: Any) -> Artifact:
-    return Artifact(**dict(row._mapping))
+    return Artifact(**_mapping(row))
 
 
 def _after_lost_worker(job: Job, now: float) -> dict[str, Any]:
@@ -391,8 +414,8 @@ def _after_lost_worker(job: Job, now: float) -> dict[str, Any]:
 def _admit(conn: Connection, tenant_id: str, admission: Admission) -> None:
     """Quota and rate checks, serialised per tenant by a row lock (SQLite: the write lock)."""
     quotas, tenant = admission.quotas, {"tenant": tenant_id}
-    stored_bytes = conn.execute(_TENANT_LOCK, tenant).scalar() or 0
-    active = conn.execute(_ACTIVE_JOBS, tenant).scalar_one()
+    stored_bytes = _TENANT_LOCK.scalar(conn, tenant) or 0
+    active = _ACTIVE_JOBS.scalar(conn, tenant)
     if active >= quotas.concurrent_jobs:
         raise QuotaExceeded(f"{active} jobs are already queued or running (quota)", 1)
     if stored_bytes >= quotas.storage_mb * 2**20:
@@ -404,7 +427,7 @@ def _count_stored(conn: Connection, tenant_id: str, delta: int) -> None:
     """Files or artifacts of `delta` bytes were added (or, negative, removed) in this
     transaction: the tenant's stored_bytes says so from the same commit."""
     if delta:
-        conn.execute(_ADD_STORED_BYTES, {"of_tenant": tenant_id, "delta": delta})
+        _ADD_STORED_BYTES.write(conn, {"of_tenant": tenant_id, "delta": delta})
 
 
 def _take_token(
@@ -412,10 +435,10 @@ def _take_token(
 ) -> None:
     """A token bucket kept in the store, so limits hold across replicas and restarts."""
     key = {"of_tenant": tenant_id, "of_bucket": bucket}
-    row = conn.execute(_BUCKET, key).first()
-    tokens = float(burst) if row is None else row.tokens
+    row = _BUCKET.first(conn, key)
+    tokens = float(burst) if row is None else row["tokens"]
     if row is not None:
-        tokens = min(float(burst), tokens + (now - row.updated_at) * per_minute / 60)
+        tokens = min(float(burst), tokens + (now - row["updated_at"]) * per_minute / 60)
     if tokens < 1:
         raise QuotaExceeded(
             "submission rate limit reached", math.ceil((1 - tokens) * 60 / per_minute)
@@ -427,7 +450,7 @@ def _take_token(
             )
         )
     else:
-        conn.execute(_BUCKET_TAKEN, key | {"left": tokens - 1, "at": now})
+        _BUCKET_TAKEN.write(conn, key | {"left": tokens - 1, "at": now})
 
 
 def _owner(job_id: str, token: int) -> dict[str, Any]:
@@ -437,20 +460,20 @@ def _owner(job_id: str, token: int) -> dict[str, Any]:
 
 def _insert_logs(conn: Connection, job_id: str, chunks: Sequence[tuple[str, bytes]]) -> None:
     """Append log chunks after the job's last one, in order."""
-    last = conn.execute(_LAST_LOG_SEQ, {"job": job_id}).scalar()
+    last = _LAST_LOG_SEQ.scalar(conn, {"job": job_id})
     first = 0 if last is None else last + 1
     rows = [
         {"job_id": job_id, "seq": first + n, "stream": stream, "data": data}
         for n, (stream, data) in enumerate(chunks)
     ]
-    conn.execute(_INSERT_LOGS, rows)
+    _INSERT_LOGS.write_many(conn, rows)
 
 
 def _insert_artifacts(conn: Connection, job_id: str, found: Sequence[Artifact]) -> None:
     """Record artifacts of `job_id` (none: nothing to do)."""
     if found:
         assert all(a.job_id == job_id for a in found)
-        conn.execute(insert(artifacts), [asdict(a) for a in found])
+        _INSERT_ARTIFACTS.write_many(conn, [asdict(a) for a in found])
         for tenant_id in {a.tenant_id for a in found}:
             _count_stored(conn, tenant_id, sum(a.size for a in found if a.tenant_id == tenant_id))
 
@@ -591,7 +614,7 @@ class SqlStore:
             with self._tx() as conn:
                 if admission:
                     _admit(conn, job.tenant_id, admission)
-                conn.execute(_INSERT_JOB, _job_values(job))
+                _INSERT_JOB.write(conn, _job_values(job))
                 if idempotency:
                     key, body_sha256 = idempotency
                     conn.execute(
@@ -622,13 +645,14 @@ class SqlStore:
                 return None
             if row.body_sha256 != body_sha256:
                 raise IdempotencyMismatch()
-            job_row = conn.execute(_JOB, {"job": row.job_id}).one()
+            job_row = _JOB.first(conn, {"job": row.job_id})
+        assert job_row is not None, "a key names the job it made"
         return _job_from_row(job_row)
 
     def get_job(self, tenant_id: str | None, job_id: str) -> Job | None:
         query = _JOB if tenant_id is None else _JOB_OF_TENANT
         with self._read() as conn:
-            row = conn.execute(query, {"job": job_id, "tenant": tenant_id}).first()
+            row = query.first(conn, {"job": job_id, "tenant": tenant_id})
         return _job_from_row(row) if row else None
 
     def list_jobs(
@@ -702,15 +726,16 @@ class SqlStore:
         # SQLite a write transaction queues behind every other writer.
         if look_first:
             with self._read() as conn:
-                if conn.execute(_QUEUED, {"now": now}).scalar() is None:
+                if _ANY_QUEUED.first(conn, {"now": now}) is None:
                     return []
         with self._tx() as conn:
-            ids = list(conn.execute(_CANDIDATES, {"now": now, "up_to": up_to}).scalars())
+            ids = [row["id"] for row in _CANDIDATES.rows(conn, {"now": now, "up_to": up_to})]
             if not ids:
                 return []
             claimed = {"worker": worker_id, "now": now, "expires": now + lease_s}
+            rows: Sequence[Any]
             if len(ids) == 1:
-                rows = conn.execute(_CLAIM_ONE, claimed | {"job": ids[0]}).all()
+                rows = _CLAIM_ONE.rows(conn, claimed | {"job": ids[0]})
             else:
                 rows = conn.execute(_CLAIM, claimed | {"jobs": ids}).all()
         return sorted(map(_job_from_row, rows), key=lambda job: job.accepted_at)
@@ -751,8 +776,7 @@ class SqlStore:
     def renew_lease(self, job_id: str, token: int, now: float, lease_s: float) -> bool:
         with self._tx() as conn:
             expires = {"lease_expires_at": now + lease_s}
-            result = conn.execute(_UPDATE_OWNED, expires | _owner(job_id, token))
-        return result.rowcount == 1
+            return _UPDATE_OWNED.write(conn, expires | _owner(job_id, token)) == 1
 
     def cancel_requested(self, job_id: str) -> bool:
         with self._read() as conn:
@@ -772,8 +796,8 @@ class SqlStore:
     ) -> None:
         with self._tx() as conn:
             started = {"started_at": at, "image_digest": image_digest, "sandbox_id": sandbox_id}
-            result = conn.execute(_UPDATE_OWNED, started | _owner(job_id, token))
-        if result.rowcount != 1:
+            changed = _UPDATE_OWNED.write(conn, started | _owner(job_id, token))
+        if changed != 1:
             raise StaleLease()
 
     def append_log(self, job_id: str, token: int, stream: str, data: bytes) -> None:
@@ -816,7 +840,7 @@ class SqlStore:
             "lease_expires_at": None,
         }
         with self._tx() as conn:
-            if conn.execute(_UPDATE_OWNED, values | _owner(job.id, token)).rowcount != 1:
+            if _UPDATE_OWNED.write(conn, values | _owner(job.id, token)) != 1:
                 raise StaleLease()  # inside: nothing of this end is written
             if logs:
                 _insert_logs(conn, job.id, logs)
@@ -827,7 +851,7 @@ class SqlStore:
     ) -> None:
         values: dict[str, Any] = {"usage": usage} | ({"detail": detail} if detail else {})
         with self._tx() as conn:  # one write, no read: the worker knows the usage it ended with
-            conn.execute(_RECORD_RELEASE, values | _owner(job_id, token))
+            _RECORD_RELEASE.write(conn, values | _owner(job_id, token))
 
     def fail_lost_jobs(self, now: float) -> list[str]:
         """Settle jobs whose lease ran out: re-queue those with attempts left, fail the rest."""
@@ -887,8 +911,9 @@ class SqlStore:
 
     def list_artifacts(self, job_id: str) -> list[Artifact]:
         with self._read() as conn:
-            rows = conn.execute(_ARTIFACTS_OF_JOB, {"job": job_id})
-            return [_artifact_from_row(row) for row in rows]
+            return [
+                _artifact_from_row(row) for row in _ARTIFACTS_OF_JOB.rows(conn, {"job": job_id})
+            ]
 
     def get_artifact(self, tenant_id: str | None, artifact_id: str) -> Artifact | None:
         query = select(artifacts).where(artifacts.c.id == artifact_id)
@@ -1056,7 +1081,7 @@ class SqlStore:
 
     def job_stages(self, job_id: str) -> list[dict[str, Any]]:
         with self._read() as conn:
-            return [_stage_from_row(row) for row in conn.execute(_STAGES_OF_JOB, {"job": job_id})]
+            return [_stage_from_row(row) for row in _STAGES_OF_JOB.rows(conn, {"job": job_id})]
 
     def outputs_of(
         self, job_ids: list[str]
@@ -1071,7 +1096,7 @@ class SqlStore:
     ) -> tuple[Job, list[Artifact], list[dict[str, Any]]] | None:
         query = _JOB if tenant_id is None else _JOB_OF_TENANT
         with self._read() as conn:
-            row = conn.execute(query, {"job": job_id, "tenant": tenant_id}).first()
+            row = query.first(conn, {"job": job_id, "tenant": tenant_id})
             if row is None:
                 return None
             outputs, stages = _outputs_of(conn, [job_id])[job_id]
