@@ -24,6 +24,7 @@ from sandcell.remote.guest_channel import SocketGuestChannels
 from sandcell.remote.session_client import HttpSessionHosts
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.runtime.session import GVisorSessionRuntime
+from sandcell.runtime.volatile import ensure_tmpfs, volatile_dir
 from sandcell.services.auth import AuthService
 from sandcell.services.direct_cells import DirectCells, DirectTokens
 from sandcell.services.files import FileService
@@ -230,11 +231,18 @@ def build_worker(settings: Settings, url: str | None = None) -> Worker:
         if url
         else None
     )
-    channels = SocketGuestChannels(settings.data_dir / "channels")
+    channels = guest_channels(settings.data_dir)
     notifier = build_notifier(settings)
     return Worker(
         store, blobs, runtime, images, config, egress, secrets_service, sessions, channels, notifier
     )
+
+
+def guest_channels(data_dir: Path) -> SocketGuestChannels:
+    """Each job's socket directory is made and removed on sandcell's tmpfs, not on the data
+    dir's disk, where a new inode costs a scan that grows with the job rate (volatile.py)."""
+    ensure_tmpfs()
+    return SocketGuestChannels(volatile_dir(data_dir / "channels"))
 
 
 def build_session_host(

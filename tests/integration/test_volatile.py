@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sandcell.app import guest_channels
 from sandcell.runtime.reap import mounts_under
-from sandcell.runtime.volatile import ensure_tmpfs, volatile_dir
+from sandcell.runtime.volatile import RUN_ROOT, ensure_tmpfs, volatile_dir
 
 
 @pytest.fixture
@@ -41,3 +42,16 @@ def test_each_state_dir_has_its_own_volatile_dir(tmp_path: Path) -> None:
     first, second = volatile_dir(tmp_path / "a"), volatile_dir(tmp_path / "b")
     assert first != second and first.parent == second.parent
     assert volatile_dir(tmp_path / "a" / ".." / "a") == first  # the same dir, however named
+
+
+def test_a_workers_guest_channels_are_on_the_tmpfs(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: mounts")
+    channels = guest_channels(tmp_path / "data")
+    found = subprocess.run(
+        ["findmnt", "-no", "FSTYPE", "--target", str(channels.root)], capture_output=True
+    )
+    assert found.stdout.decode().strip() == "tmpfs"
+    assert channels.root.parent == RUN_ROOT and channels.root.is_dir()
+    assert not (tmp_path / "data").exists()  # nothing of them on the data dir's disk
+    channels.root.rmdir()

@@ -5,6 +5,7 @@ device, cgroup, runsc state and host processes) is gone when `run` returns.
 """
 
 import os
+import shutil
 import socket
 import threading
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sandcell.app import guest_channels
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
@@ -164,7 +166,8 @@ def test_inputs_and_the_guest_channel_arrive_at_hand_over(
 ) -> None:
     data = tmp_path / "data.csv"
     data.write_text("a,b\n1,2\n")
-    channel = tmp_path / "chan"
+    channels = guest_channels(tmp_path)  # where the worker makes a job's channel, as there
+    channel = channels.root / "chan"
     channel.mkdir(mode=0o711)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(channel / GUEST_CHANNEL_SOCKET))
@@ -195,6 +198,7 @@ def test_inputs_and_the_guest_channel_arrive_at_hand_over(
     result, sink = run_pooled(pooled, spec)
     listener.join(10)
     server.close()
+    shutil.rmtree(channels.root)
     assert result.reason is None, sink.stderr  # type: ignore[attr-defined]
     assert sink.stdout == "['a,b', '1,2']\nro True\n"  # /input stays read-only
     assert heard == [b"hello host"]

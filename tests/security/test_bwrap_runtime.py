@@ -24,7 +24,7 @@ from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.egress import EgressAttachment
-from sandcell.ports.runtime import SandboxSpec
+from sandcell.ports.runtime import InputFile, SandboxSpec
 from sandcell.runtime.bundle import NOFILE
 from sandcell.runtime.bwrap import UID_BASE, BwrapRuntime, UidPool
 from sandcell.runtime.cgroups import CONTROLLERS
@@ -442,3 +442,33 @@ for top in ("/workspace", "/output"):
         "/output [] [] 0o755 True",
         "0 True True",
     ], second.sink.stderr
+
+
+@dataclass
+class _DisksSeenAtReady(RecordingSink):
+    """What the state dir's disks held while the sandbox ran (its `ready`)."""
+
+    disks_dir: Path = Path()
+    seen: list[str] = field(default_factory=list)
+
+    def ready(self) -> None:
+        self.seen = sorted(p.name for p in self.disks_dir.iterdir() if not p.name.startswith("."))
+        super().ready()
+
+
+def test_a_job_without_inputs_makes_nothing_on_the_state_dirs_disk(
+    bwrap: BwrapRuntime, run_bwrap: RunCode, tmp_path: Path
+) -> None:
+    """Its whole scratch is on the tmpfs (the kept disk aside); with inputs, they spill."""
+    code = "import os; print(os.listdir('/input'), os.access('/input', os.W_OK))"
+    plain = run_bwrap(code, sink=_DisksSeenAtReady(disks_dir=bwrap.disks_dir))
+    assert plain.sink.stdout == "[] False\n", plain.sink.stderr
+    assert isinstance(plain.sink, _DisksSeenAtReady) and plain.sink.seen == []
+    host_file = tmp_path / "in.csv"
+    host_file.write_text("a,b\n")
+    given = [InputFile(host_file, "in.csv")]
+    spilled = run_bwrap(code, inputs=given, sink=_DisksSeenAtReady(disks_dir=bwrap.disks_dir))
+    assert spilled.sink.stdout == "['in.csv'] False\n", spilled.sink.stderr
+    assert isinstance(spilled.sink, _DisksSeenAtReady)
+    assert spilled.sink.seen == [spilled.spec.sandbox_id]  # the inputs' spill, removed after
+    assert not (bwrap.disks_dir / spilled.spec.sandbox_id).exists()

@@ -16,13 +16,13 @@ from typing import BinaryIO
 
 import pytest
 
+from sandcell.app import guest_channels
 from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.runtime import GUEST_CHANNEL_DIR, InputFile, SandboxSpec
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR
-from sandcell.remote.guest_channel import SocketGuestChannels
 from sandcell.runtime.guest_mounts import (
     ensure_guest_package,
     oci_guest_mounts,
@@ -94,8 +94,8 @@ def guest_image(request: pytest.FixtureRequest, python_image: Image) -> Image:
 def test_a_resumed_job_gets_its_stages_back_and_a_read_only_channel(
     runtime: AnyRuntime, guest_image: Image, tmp_path: Path
 ) -> None:
-    # Under the runtime's state dir: bwrap opens bind sources as the sandbox's own host uid.
-    channels = SocketGuestChannels(runtime.state_dir / "channels")
+    # Where a worker makes them (on sandcell's tmpfs), keyed by the runtime's state dir.
+    channels = guest_channels(runtime.state_dir)
     recorder = MemoryRecorder()
     sandbox_id = f"g-resumed-{guest_image.name}"
     channel = channels.open(sandbox_id, recorder)  # type: ignore[arg-type]
@@ -170,7 +170,7 @@ ask({"op": "once", "key": "k"})
 def test_a_guest_request_naming_another_job_cannot_touch_it(
     runtime: AnyRuntime, python_image: Image
 ) -> None:
-    channels = SocketGuestChannels(runtime.state_dir / "channels")
+    channels = guest_channels(runtime.state_dir)
     mine, other = MemoryRecorder(), MemoryRecorder()
     other_channel = channels.open("g-other", other)  # type: ignore[arg-type]
     channel = channels.open("g-hostile", mine)  # type: ignore[arg-type]

@@ -207,7 +207,7 @@ class BwrapRuntime:
         if not SANDBOX_ID.match(spec.sandbox_id):
             return SandboxResult(None, Reason.RUNTIME_ERROR, "invalid sandbox id", released=True)
         self.ensure_dirs()
-        scratch = self.scratch(spec.sandbox_id)
+        scratch = self.scratch(spec.sandbox_id, spill=bool(spec.inputs))
         cgroup = SandboxCgroup(f"{self.cgroup_parent}/{spec.sandbox_id}")
         if cgroup.exists() or not scratch.claim():  # atomic: never touch another run's id
             detail = f"sandbox id {spec.sandbox_id} is already in use"
@@ -265,20 +265,30 @@ class BwrapRuntime:
         reap.remove_parent(self.cgroup_parent)
         remove_if_empty(self.sandboxes_dir, self.run_dir)
 
-    def scratch(self, sandbox_id: str) -> Scratch:
-        """The (not yet claimed) scratch of sandbox `sandbox_id`."""
+    def scratch(self, sandbox_id: str, spill: bool = True) -> Scratch:
+        """The (not yet claimed) scratch of sandbox `sandbox_id`. Its disk is a kept one, so
+        the spill on the state_dir's disk holds only inputs: without `spill` (a cold job with
+        none), everything is on the tmpfs, and no directory is made and removed on the disk,
+        whose new inodes cost a scan that grows with the job rate (volatile.py)."""
         return Scratch(
             self.sandboxes_dir / sandbox_id,
             self.blanks,
-            spill=self.disks_dir / sandbox_id,
+            spill=self.disks_dir / sandbox_id if spill else None,
             shelf=self.shelf,
         )
 
     def ensure_dirs(self) -> None:
+        """Before every sandbox: the directories may have been removed (a reboot's /run, an
+        operator); changed only if they must be, as a chmod is a write to the disk's journal."""
         ensure_tmpfs()
         for path in (self.state_dir, self.disks_dir, self.run_dir, self.sandboxes_dir):
-            path.mkdir(mode=0o711, parents=True, exist_ok=True)
-            path.chmod(0o711)  # traversable by the sandboxes' uids, listable only by root
+            try:
+                mode = stat.S_IMODE(path.stat().st_mode)
+            except FileNotFoundError:
+                path.mkdir(mode=0o711, parents=True, exist_ok=True)
+                mode = -1
+            if mode != 0o711:
+                path.chmod(0o711)  # traversable by the sandboxes' uids, listable only by root
 
     def _probe_sandbox(self) -> None:
         """Start one sandbox over the host's /usr exactly as jobs start, and ask it about itself.

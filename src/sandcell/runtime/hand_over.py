@@ -79,9 +79,9 @@ class WarmSandbox:
 
     @property
     def channel(self) -> Path:
-        # Beside the disk image, not on the scratch's tmpfs: the job's socket is made under
-        # the data dir and hard-linked in here, which only works within one filesystem.
-        return self.scratch.spill_dir / "channel"
+        # On the scratch's tmpfs, where the worker makes the job's socket (app.guest_channels):
+        # it is hard-linked in here, which only works within one filesystem.
+        return self.scratch.root / "channel"
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None

@@ -6,17 +6,18 @@
         disk/workspace, disk/output    on the mounted disk image, bound read-write at
                                        /workspace and /output
         runsc.log                      runsc's own log (never shown to the tenant)
+        channel/                       a warm sandbox's guest channel (hand_over.py)
     <spill> = <state_dir>/disks/<sandbox_id>/      what may be large, on the state_dir's disk
         disk.img                       ext4 image of limits.disk_mb (a blank one's copy, ext4.py),
                                        loop-mounted on <root>/disk
         input/...                      the input files, bound read-only at /input
-        channel/                       a warm sandbox's guest channel (hand_over.py)
 
 /workspace and /output share one ext4 image so that `disk_mb` is one budget for both and a
 full disk is a plain ENOSPC inside the sandbox that cannot touch the host's filesystem.
-Without a spill directory, everything is under <root>. With a shelf (the bwrap runtime's),
-the disk is a kept one instead, mounted at <sandboxes>/.disk-<hex>/disk with its image in
-<disks>/.disk-<hex>/, and goes back to the shelf at teardown (disk_shelf.py).
+Without a spill directory, everything is under <root> (a bwrap job without inputs: its disk
+is a kept one, and an empty /input costs nothing on the tmpfs). With a shelf (the bwrap
+runtime's), the disk is a kept one instead, mounted at <sandboxes>/.disk-<hex>/disk with its
+image in <disks>/.disk-<hex>/, and goes back to the shelf at teardown (disk_shelf.py).
 """
 
 import ctypes
