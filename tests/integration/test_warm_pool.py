@@ -204,6 +204,25 @@ def test_inputs_and_the_guest_channel_arrive_at_hand_over(
     assert heard == [b"hello host"]
 
 
+def test_a_hand_over_that_fails_still_releases_the_warm_sandbox(
+    pooled: PooledRuntime, python_image: Image, tmp_path: Path
+) -> None:
+    """Its runner, waiting for a job that never comes, is ended with the sandbox."""
+    assert wait_for(lambda: pooled.pool.ready_count("python") >= 1), "the pool never filled"
+    [warm_id, *_] = pooled.pool.ready_ids("python")
+    elsewhere = tmp_path / "chan"  # not on the scratch's filesystem: the link fails
+    elsewhere.mkdir()
+    (elsewhere / GUEST_CHANNEL_SOCKET).touch()
+    spec = replace(spec_for(python_image, "print(1)"), guest_channel=elsewhere)
+    began = time.monotonic()
+    result = pooled.run(spec, RecordingSink(), threading.Event())
+    assert result.pooled and result.reason is Reason.RUNTIME_ERROR, result
+    assert "cannot start the sandbox" in (result.detail or "")
+    assert result.released, result.detail
+    assert time.monotonic() - began < 5  # ended, not waited out
+    assert_released(pooled.base, warm_id)
+
+
 def test_what_python_writes_at_its_exit_reaches_the_outputs(
     pooled: PooledRuntime, python_image: Image
 ) -> None:

@@ -5,6 +5,7 @@ device, cgroup, processes, its host uid) is gone when `run` returns."""
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
-from sandcell.ports.runtime import SandboxResult, SandboxSpec
+from sandcell.ports.runtime import GUEST_CHANNEL_SOCKET, SandboxResult, SandboxSpec
 from sandcell.runtime.bwrap import BwrapRuntime
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.runtime.pool import PoolConfig, WarmPool
@@ -124,3 +125,16 @@ def test_a_job_the_pool_cannot_honour_starts_cold(
     result, sink = run_pooled(pooled, spec_for(python_image, "print('cold')", pids=64), False)
     assert result.reason is None and sink.stdout == "cold\n"
     assert pooled.pool.stats.refused == 1 and pooled.pool.stats.hits == 0
+
+
+def test_a_hand_over_that_fails_still_releases_the_warm_sandbox(
+    pooled: PooledRuntime, python_image: Image, tmp_path: Path
+) -> None:
+    """Its runner, waiting for a job that never comes, is ended with the sandbox."""
+    elsewhere = tmp_path / "chan"  # not on the scratch's filesystem: the link fails
+    elsewhere.mkdir()
+    (elsewhere / GUEST_CHANNEL_SOCKET).touch()
+    spec = replace(spec_for(python_image, "print(1)"), guest_channel=elsewhere)
+    result, _ = run_pooled(pooled, spec)  # and released, its uid's processes gone
+    assert result.reason is Reason.RUNTIME_ERROR, result
+    assert "cannot start the sandbox" in (result.detail or "")

@@ -161,6 +161,9 @@ class HandOverRun(OneShotRun):
     cpu_before: float = 0.0
 
     def _prepare(self) -> None:
+        # The runner is this run's from here: a hand-over that fails still ends it with the
+        # sandbox (its stdin closed, then killed), or it would wait for a job forever.
+        self.proc = self.warm.proc
         spec = self.spec
         check_env(spec.env)
         self.scratch.fill(spec.code, spec.inputs)
@@ -201,6 +204,10 @@ class HandOverRun(OneShotRun):
 
     def _before_release(self) -> None:
         self._let_runner_exit()
+        if self.streams is None and self.proc is not None:  # a hand-over that failed
+            for pipe in (self.proc.stdout, self.proc.stderr):  # no Streams took them
+                if pipe is not None:
+                    pipe.close()
 
     def _let_runner_exit(self) -> None:
         """Close the runner's stdin: having said the job's end, it waits for this to exit.

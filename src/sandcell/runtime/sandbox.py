@@ -18,6 +18,7 @@ How each reason is told apart (first match wins):
 - exit_code: any other failing exit.
 """
 
+import contextlib
 import subprocess
 import threading
 import time
@@ -274,6 +275,8 @@ class SandboxRun(OneShotRun):
     def _stop_container(self) -> list[str]:
         if self.proc is not None and self.proc.poll() is None:
             self._kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(EXIT_WAIT_S)  # our direct child: reap it, or it stays a zombie
         if self.runsc.has_state(self.spec.sandbox_id):  # `run` was killed before cleaning up
             self.runsc.delete(self.spec.sandbox_id)
         return []
