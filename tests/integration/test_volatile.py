@@ -54,4 +54,5 @@ def test_a_workers_guest_channels_are_on_the_tmpfs(tmp_path: Path) -> None:
     assert found.stdout.decode().strip() == "tmpfs"
     assert channels.root.parent == RUN_ROOT and channels.root.is_dir()
     assert not (tmp_path / "data").exists()  # nothing of them on the data dir's disk
-    channels.root.rmdir()
+    channels.close()  # the worker stopped: nothing of it is left on the tmpfs either
+    assert not channels.root.exists()

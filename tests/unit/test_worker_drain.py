@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from sandcell.domain.workers import StopMode
+from sandcell.remote.guest_channel import SocketGuestChannels
 from sandcell.services.worker import Worker, WorkerConfig
 from tests.conftest import ADMIN_KEY, Api
 from tests.fakes import FakeImages, HostProcessRuntime
@@ -179,3 +180,26 @@ def test_drain_requests_are_checked_and_audited(
     assert ("worker.drain", "wrk_nope", "denied") in mine
     assert ("worker.stop", "wrk_x", "ok") in mine
     assert ("worker.drain", "wrk_x", "denied") in mine
+
+
+def test_a_stopped_worker_leaves_no_channel_directory(api: Api, tmp_path: Path) -> None:
+    channels = SocketGuestChannels(tmp_path / "channels")
+    config = WorkerConfig("wrk_tidy", slots=1, lease_s=5, heartbeat_s=0.1, poll_s=0.02)
+    worker = Worker(
+        api.services.store,
+        api.blobs,
+        HostProcessRuntime(),
+        FakeImages("python"),
+        config,
+        channels=channels,
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=worker.serve, args=(stop,))
+    thread.start()
+    alice = api.tenant("alice")
+    job = api.http.post("/v1/jobs?wait=20", json={"code": "print(1)"}, headers=alice).json()
+    assert job["state"] == "completed", job
+    assert channels.root.is_dir()
+    stop.set()
+    thread.join(30)
+    assert not thread.is_alive() and not channels.root.exists()

@@ -114,8 +114,8 @@ class SandboxResult:
 
 @runtime_checkable
 class Closeable(Protocol):
-    """A runtime that holds something between runs (a warm pool, its parent cgroup): the worker
-    closes it once it is done with it."""
+    """A runtime (or the guest channels) that holds something between runs (a warm pool, its
+    parent cgroup, a directory): the worker closes it once it is done with it."""
 
     def close(self) -> None: ...
 

@@ -9,6 +9,7 @@ does not define (a job id, a token, a tenant) is refused whole: nothing in a req
 the channel at anything but its own attempt.
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -209,6 +210,11 @@ class SocketGuestChannels:
         channel = GuestChannel(directory, recorder)
         channel.start()
         return channel
+
+    def close(self) -> None:
+        """The worker is done: its root goes with it, if empty (every channel was closed)."""
+        with contextlib.suppress(OSError):
+            self.root.rmdir()
 
     def reap(self) -> list[str]:
         """Remove the socket directories a crashed run of this worker left (none is served)."""

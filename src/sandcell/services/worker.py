@@ -160,6 +160,8 @@ class Worker:
                 self.sessions.close()  # its pooled kernels, never handed to a session
             if isinstance(self.runtime, Closeable):
                 self.runtime.close()  # its warm sandboxes: destroyed, never left running
+            if isinstance(self.channels, Closeable):
+                self.channels.close()
             self.store.worker_stopped(info.id, time.time())
         return self.stop_mode
 
