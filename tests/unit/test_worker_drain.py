@@ -22,10 +22,17 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 
 
 class Running:
-    def __init__(self, api: Api, worker_id: str) -> None:
+    def __init__(
+        self, api: Api, worker_id: str, channels: SocketGuestChannels | None = None
+    ) -> None:
         config = WorkerConfig(worker_id, slots=2, lease_s=5, heartbeat_s=0.1, poll_s=0.02)
         self.worker = Worker(
-            api.services.store, api.blobs, HostProcessRuntime(), FakeImages("python"), config
+            api.services.store,
+            api.blobs,
+            HostProcessRuntime(),
+            FakeImages("python"),
+            config,
+            channels=channels,
         )
         self.stop = threading.Event()
         self.ended: list[StopMode | None] = []
@@ -184,22 +191,11 @@ def test_drain_requests_are_checked_and_audited(
 
 def test_a_stopped_worker_leaves_no_channel_directory(api: Api, tmp_path: Path) -> None:
     channels = SocketGuestChannels(tmp_path / "channels")
-    config = WorkerConfig("wrk_tidy", slots=1, lease_s=5, heartbeat_s=0.1, poll_s=0.02)
-    worker = Worker(
-        api.services.store,
-        api.blobs,
-        HostProcessRuntime(),
-        FakeImages("python"),
-        config,
-        channels=channels,
-    )
-    stop = threading.Event()
-    thread = threading.Thread(target=worker.serve, args=(stop,))
-    thread.start()
+    worker = Running(api, "wrk_tidy", channels)
     alice = api.tenant("alice")
     job = api.http.post("/v1/jobs?wait=20", json={"code": "print(1)"}, headers=alice).json()
     assert job["state"] == "completed", job
     assert channels.root.is_dir()
-    stop.set()
-    thread.join(30)
-    assert not thread.is_alive() and not channels.root.exists()
+    worker.stop.set()
+    assert worker.join(30) is None  # a signal's stop, not an operator's
+    assert not channels.root.exists()
