@@ -282,11 +282,12 @@ class BwrapRuntime:
         operator); changed only if they must be, as a chmod is a write to the disk's journal."""
         ensure_tmpfs()
         for path in (self.state_dir, self.disks_dir, self.run_dir, self.sandboxes_dir):
+            mode: int | None
             try:
                 mode = stat.S_IMODE(path.stat().st_mode)
             except FileNotFoundError:
                 path.mkdir(mode=0o711, parents=True, exist_ok=True)
-                mode = -1
+                mode = None  # made under the umask: set it
             if mode != 0o711:
                 path.chmod(0o711)  # traversable by the sandboxes' uids, listable only by root
 

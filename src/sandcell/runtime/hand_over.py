@@ -148,6 +148,10 @@ def stop_runner(
         if ask_to_exit is None or not waited(proc, EXIT_WAIT_S):
             warm.cgroup.kill_all()
             waited(proc, EXIT_WAIT_S)
+    close_output_pipes(proc)
+
+
+def close_output_pipes(proc: subprocess.Popen[bytes]) -> None:
     for pipe in (proc.stdout, proc.stderr):
         if pipe is not None:
             pipe.close()
@@ -204,10 +208,8 @@ class HandOverRun(OneShotRun):
 
     def _before_release(self) -> None:
         self._let_runner_exit()
-        if self.streams is None and self.proc is not None:  # a hand-over that failed
-            for pipe in (self.proc.stdout, self.proc.stderr):  # no Streams took them
-                if pipe is not None:
-                    pipe.close()
+        if self.streams is None and self.proc is not None:  # a hand-over that failed:
+            close_output_pipes(self.proc)  # no Streams took them
 
     def _let_runner_exit(self) -> None:
         """Close the runner's stdin: having said the job's end, it waits for this to exit.
