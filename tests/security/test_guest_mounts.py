@@ -111,6 +111,7 @@ def test_a_resumed_job_gets_its_stages_back_and_a_read_only_channel(
         result = runtime.run(spec, sink, threading.Event())
     finally:
         channel.close()
+        channels.close()  # as the worker does when it stops: nothing left on the tmpfs
     assert result.reason is None and result.released, (result, sink.stderr)
     assert sink.stdout.splitlines() == [
         "['clean']",
@@ -182,6 +183,7 @@ def test_a_guest_request_naming_another_job_cannot_touch_it(
     finally:
         channel.close()
         other_channel.close()
+        channels.close()
     assert result.reason is None and result.released, (result, sink.stderr)
     assert sink.stdout.split() == ["False"] * 5 + ["True"]  # refused whole; then its own
     assert (mine.stages, mine.once_keys) == ({}, ["k"])
