@@ -569,6 +569,17 @@ def test_check_fails_closed_without_runsc(tmp_path: Path) -> None:
         GVisorRuntime(tmp_path, runsc="/nonexistent/runsc").check()
 
 
+def test_a_failed_check_leaves_nothing_behind(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the check makes cgroups and a loop disk")
+    refused = GVisorRuntime(tmp_path, runsc="/bin/false")  # found, but answers nothing
+    with pytest.raises(RuntimeUnavailable):
+        refused.check()
+    assert not refused.run_dir.exists()  # nothing of it is left on the tmpfs
+    parents = [Path("/sys/fs/cgroup", c, refused.cgroup_parent) for c in CONTROLLERS]
+    assert not any(parent.exists() for parent in parents)
+
+
 def test_kvm_platform_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not allowed"):
         GVisorRuntime(tmp_path, platform="kvm")

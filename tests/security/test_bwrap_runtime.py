@@ -309,8 +309,12 @@ def test_check_fails_closed_on_a_state_dir_bwrap_cannot_reach(tmp_path: Path) ->
     if os.geteuid() != 0:
         pytest.skip("needs root")
     tmp_path.chmod(0o700)
+    refused = BwrapRuntime(tmp_path / "state")
     with pytest.raises(RuntimeUnavailable, match="not traversable"):
-        BwrapRuntime(tmp_path / "state").check()
+        refused.check()
+    assert not refused.run_dir.exists()  # nothing of it is left on the tmpfs
+    parents = [Path("/sys/fs/cgroup", c, refused.cgroup_parent) for c in CONTROLLERS]
+    assert not any(parent.exists() for parent in parents)
 
 
 def test_check_fails_closed_without_libseccomp(

@@ -194,14 +194,18 @@ class BwrapRuntime:
             raise RuntimeUnavailable("the bwrap runtime needs root (cgroups, loop disks, uids)")
         cgroups.require_v1()
         self.ensure_dirs()
-        require_traversable(self.sandboxes_dir)
-        require_traversable(self.disks_dir)
-        require_traversable(GUEST_SOURCE)  # bind-mounted into every sandbox (guest_mounts.py)
-        self.version()
-        self.seccomp_filter()
-        launch_helper()
-        probe_loop_disk(self.state_dir)
-        self._probe_sandbox()
+        try:
+            require_traversable(self.sandboxes_dir)
+            require_traversable(self.disks_dir)
+            require_traversable(GUEST_SOURCE)  # bound into every sandbox (guest_mounts.py)
+            self.version()
+            self.seccomp_filter()
+            launch_helper()
+            probe_loop_disk(self.state_dir)
+            self._probe_sandbox()
+        except Exception:
+            self.close()  # closed, failing: its directories on the tmpfs and cgroups go too
+            raise
 
     def run(self, spec: SandboxSpec, sink: SandboxSink, cancel: threading.Event) -> SandboxResult:
         if not SANDBOX_ID.match(spec.sandbox_id):

@@ -72,12 +72,16 @@ class GVisorRuntime:
             raise RuntimeUnavailable("the gvisor runtime needs root (runsc, cgroups, loop disks)")
         cgroups.require_v1()
         self.ensure_dirs()
-        probe = SandboxCgroup(f"{self.cgroup_parent}/.probe-{os.getpid()}")
-        probe.create(CgroupLimits(memory_bytes=64 << 20, cpus=0.5, pids_max=64))
-        if not probe.remove():
-            raise RuntimeUnavailable(f"cannot remove cgroup {probe.relpath}")
-        probe_loop_disk(self.state_dir)
-        self.version()
+        try:
+            probe = SandboxCgroup(f"{self.cgroup_parent}/.probe-{os.getpid()}")
+            probe.create(CgroupLimits(memory_bytes=64 << 20, cpus=0.5, pids_max=64))
+            if not probe.remove():
+                raise RuntimeUnavailable(f"cannot remove cgroup {probe.relpath}")
+            probe_loop_disk(self.state_dir)
+            self.version()
+        except Exception:
+            self.close()  # closed, failing: its directories on the tmpfs and cgroups go too
+            raise
 
     def run(self, spec: SandboxSpec, sink: SandboxSink, cancel: threading.Event) -> SandboxResult:
         if not SANDBOX_ID.match(spec.sandbox_id):
