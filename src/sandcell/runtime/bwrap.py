@@ -50,6 +50,7 @@ from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.disk_shelf import DiskShelf
 from sandcell.runtime.guest_mounts import GUEST_SOURCE
 from sandcell.runtime.launch import launch_helper
+from sandcell.runtime.launch_mounts import LaunchMounts
 from sandcell.runtime.scratch import Scratch, probe_loop_disk, scratch_blanks
 from sandcell.runtime.seccomp import compile_filter
 from sandcell.runtime.volatile import (
@@ -158,6 +159,7 @@ class BwrapRuntime:
         self.disks_dir = state_dir / "disks"
         self.blanks = scratch_blanks(state_dir / "blank-disks")
         self.shelf = DiskShelf(self.sandboxes_dir, self.disks_dir, self.blanks)
+        self.launch_mounts = LaunchMounts(self.sandboxes_dir)
         self.overhead_mb = overhead_mb  # bwrap's own two processes and the wrapper shell
         key = state_key(state_dir)
         self.cgroup_parent = f"sandcell/{key}"
@@ -250,6 +252,7 @@ class BwrapRuntime:
             seccomp=seccomp,
             helper=helper,
             overhead_mb=self.overhead_mb,
+            mounts_fd=self.launch_mounts.fd(),
         )
         return run.execute()
 
@@ -266,6 +269,7 @@ class BwrapRuntime:
         """The worker is done with this runtime (every run returned): its parent cgroup and
         its volatile directory go, and the disks it kept for sandboxes to come."""
         self.shelf.close()
+        self.launch_mounts.close()
         reap.remove_parent(self.cgroup_parent)
         remove_if_empty(self.sandboxes_dir, self.run_dir)
 
@@ -319,13 +323,17 @@ class BwrapRuntime:
         uid = self.uids.take()
         seccomp_fd = memfd_with("sandcell-seccomp", self.seccomp_filter())
         args_fd = args_memfd([*isolation_args(seccomp_fd), *PROBE_FS.split()])
+        mounts_fd = self.launch_mounts.fd()
+        argv = launcher(
+            helper, cgroup, uid, PROBE_LIMITS, args_fd, list(PROBE_COMMAND), None, mounts_fd
+        )
         try:
             done = subprocess.run(
-                launcher(helper, cgroup, uid, PROBE_LIMITS, args_fd, list(PROBE_COMMAND)),
+                argv,
                 capture_output=True,
                 text=True,
                 timeout=PROBE_TIMEOUT_S,
-                pass_fds=(seccomp_fd, args_fd),
+                pass_fds=(seccomp_fd, args_fd, *([] if mounts_fd is None else [mounts_fd])),
                 env=LAUNCH_ENV,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:

@@ -147,15 +147,18 @@ def launcher(
     args_fd: int,
     argv: list[str],
     egress_step: list[str] | None = None,
+    mounts_fd: int | None = None,
 ) -> list[str]:
     """The launch chain from `helper` (launch.launch_helper); `egress_step`
-    (network.bwrap_egress_launch) for a job with egress."""
+    (network.bwrap_egress_launch) for a job with egress; `mounts_fd`, the mount namespace
+    bwrap starts from (launch_mounts.py), entered once the cgroups are joined through /sys."""
     # A backstop: the cgroup's pids.max trips first.
     nproc = limits.pids + _tasks_of_ours(egress_step is not None) + 1
     confine = [
         *[arg for procs in cgroup.procs_files() for arg in ("join", str(procs))],
         *("nofile", str(NOFILE), "core", "0", "fsize", str(limits.disk_mb * MiB)),
         *("nproc", str(nproc)),
+        *(("mounts", str(mounts_fd)) if mounts_fd is not None else ()),
     ]
     become = ["uid", str(uid), "--", "bwrap", "--args", str(args_fd), "--", *argv]
     if egress_step is None:
@@ -238,10 +241,12 @@ class BwrapRun(OneShotRun):
         seccomp: bytes,
         helper: str,
         overhead_mb: int,
+        mounts_fd: int | None = None,
     ) -> None:
         self.spec, self.sink, self.cancel = spec, sink, cancel
         self.scratch, self.cgroup, self.uid = scratch, cgroup, uid
         self.seccomp, self.helper, self.overhead_mb = seccomp, helper, overhead_mb
+        self.mounts_fd = mounts_fd  # the runtime's (launch_mounts.py): passed, never closed
         self.limits = spec.limits
         self.proc: subprocess.Popen[bytes] | None = None
         self.streams: Streams | None = None
@@ -273,7 +278,7 @@ class BwrapRun(OneShotRun):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=LAUNCH_ENV,  # nothing of the worker's environment reaches the sandbox
-                pass_fds=tuple(fds),
+                pass_fds=(*fds, *([] if self.mounts_fd is None else [self.mounts_fd])),
                 start_new_session=True,
             )
         finally:
@@ -304,7 +309,14 @@ class BwrapRun(OneShotRun):
         fds.append(args_fd := args_memfd(args))
         step = bwrap_egress_launch(egress, egress_mount_point(self.scratch)) if egress else None
         return launcher(
-            self.helper, self.cgroup, self.uid, self.limits, args_fd, command(spec), step
+            self.helper,
+            self.cgroup,
+            self.uid,
+            self.limits,
+            args_fd,
+            command(spec),
+            step,
+            self.mounts_fd,
         )
 
     def _limit_crossed(self, streams: Streams) -> Reason | None:

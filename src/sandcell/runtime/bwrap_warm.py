@@ -108,15 +108,17 @@ class BwrapWarmFactory:
             fds.append(args_fd := args_memfd(bwrap_args(spec, warm.scratch, seccomp_fd)))
             # The runner is the program itself, without the ready wrapper: its ready line
             # comes at hand-over, so the job's clock (and its output) starts there.
-            helper = launch_helper()
-            argv = launcher(helper, warm.cgroup, warm.uid, warm.profile, args_fd, spec.argv)
+            helper, mounts_fd = launch_helper(), self.runtime.launch_mounts.fd()
+            argv = launcher(
+                helper, warm.cgroup, warm.uid, warm.profile, args_fd, spec.argv, None, mounts_fd
+            )
             warm.proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=LAUNCH_ENV,
-                pass_fds=tuple(fds),
+                pass_fds=(*fds, *([] if mounts_fd is None else [mounts_fd])),
                 start_new_session=True,
             )
         finally:

@@ -5,6 +5,7 @@
    Steps, applied in the order given, then PROGRAM is exec'd (found on PATH):
      join PATH       write this process's pid to a cgroup's cgroup.procs
      nofile N        RLIMIT_NOFILE, soft and hard (likewise core, fsize in bytes, nproc)
+     mounts FD       enter the mount namespace open at FD (launch_mounts.py), then close FD
      uid N           become uid and gid N: no supplementary groups, not one capability in
                      any set, no_new_privs
 
@@ -166,6 +167,14 @@ static void limit(int resource, const char *name, const char *value) {
         fail("cannot set rlimit", name, -done);
 }
 
+static void enter(const char *value) {
+    long fd = (long)number(value);
+    long done = sys(__NR_setns, fd, 0x00020000 /* CLONE_NEWNS */, 0, 0, 0);
+    if (done != 0)
+        fail("cannot enter the mount namespace of fd", value, -done);
+    sys(__NR_close, fd, 0, 0, 0, 0);
+}
+
 static void step(long done, const char *what, const char *value) {
     if (done != 0)
         fail(what, value, -done);
@@ -244,6 +253,8 @@ __attribute__((used)) _Noreturn void start(long *stack) {
             limit(RLIMIT_FSIZE, name, value);
         else if (same(name, "nproc"))
             limit(RLIMIT_NPROC, name, value);
+        else if (same(name, "mounts"))
+            enter(value);
         else if (same(name, "uid"))
             become(value);
         else
