@@ -41,6 +41,7 @@ from sandcell.runtime.bwrap_run import (
     BwrapRun,
     args_memfd,
     cgroup_limits,
+    chain_fds,
     isolation_args,
     launcher,
     memfd_with,
@@ -333,7 +334,7 @@ class BwrapRuntime:
                 capture_output=True,
                 text=True,
                 timeout=PROBE_TIMEOUT_S,
-                pass_fds=(seccomp_fd, args_fd, *([] if mounts_fd is None else [mounts_fd])),
+                pass_fds=chain_fds([seccomp_fd, args_fd], mounts_fd),
                 env=LAUNCH_ENV,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:

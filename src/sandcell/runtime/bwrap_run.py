@@ -166,6 +166,11 @@ def launcher(
     return [helper, *confine, "--", *egress_step, helper, *become]
 
 
+def chain_fds(fds: list[int], mounts_fd: int | None) -> tuple[int, ...]:
+    """What the launch chain inherits: `fds` (bwrap's), and the launch namespace's, if any."""
+    return (*fds, *([] if mounts_fd is None else [mounts_fd]))
+
+
 def teardown_scratch(scratch: Scratch, sandbox_gone: bool) -> list[str]:
     """Unmount and detach the scratch disk, waiting a moment if the kernel is still busy; or,
     if the sandbox is gone (its cgroup removed), give the disk back to be kept (disk_shelf.py).
@@ -278,7 +283,7 @@ class BwrapRun(OneShotRun):
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=LAUNCH_ENV,  # nothing of the worker's environment reaches the sandbox
-                pass_fds=(*fds, *([] if self.mounts_fd is None else [self.mounts_fd])),
+                pass_fds=chain_fds(fds, self.mounts_fd),
                 start_new_session=True,
             )
         finally:

@@ -30,6 +30,7 @@ from sandcell.runtime.bwrap_run import (
     args_memfd,
     bwrap_args,
     cgroup_limits,
+    chain_fds,
     launcher,
     memfd_with,
     teardown_scratch,
@@ -118,7 +119,7 @@ class BwrapWarmFactory:
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 env=LAUNCH_ENV,
-                pass_fds=(*fds, *([] if mounts_fd is None else [mounts_fd])),
+                pass_fds=chain_fds(fds, mounts_fd),
                 start_new_session=True,
             )
         finally:
