@@ -22,9 +22,8 @@ from sandcell.runtime.bwrap_run import LAUNCH_ENV, args_memfd, isolation_args, l
 from sandcell.runtime.bwrap_run import cgroup_limits as bwrap_cgroup_limits
 from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.gvisor import GVisorRuntime
-from sandcell.runtime.launch import launch_helper
+from sandcell.runtime.launch import in_cgroup, launch_helper
 from sandcell.runtime.one_shot import EXIT_WAIT_S
-from sandcell.runtime.sandbox import JOIN_CGROUPS
 from sandcell.runtime.sandbox import cgroup_limits as runsc_cgroup_limits
 from sandcell.runtime.scratch import Scratch
 
@@ -275,7 +274,7 @@ def contract_runsc_launcher(image: Image) -> Iterator[Callable[[], None]]:
             cgroup.create(runsc_cgroup_limits(spec.limits, runtime.overhead_mb))
             run = runtime.runsc.run_argv(dirs.bundle, name, Path(state) / f"{name}.log")
             done = subprocess.run(
-                [*JOIN_CGROUPS, *map(str, cgroup.procs_files()), "--", *run],
+                in_cgroup(cgroup, run),
                 stdin=subprocess.DEVNULL,
                 capture_output=True,
                 start_new_session=True,

@@ -24,7 +24,7 @@ from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.domain.states import Reason
 from sandcell.ports.runtime import InputFile, SandboxSpec
-from sandcell.runtime.cgroups import CONTROLLERS
+from sandcell.runtime.cgroups import CONTROLLERS, children
 from sandcell.runtime.gvisor import GVisorRuntime
 from sandcell.runtime.outputs import collect_outputs
 from tests.integration.conftest import (
@@ -196,6 +196,43 @@ def test_cpu_quota_throttles_the_program_but_not_the_boot(run_code: RunCode) -> 
     assert ran.result.usage["start_s"] < 1.5  # boot ran at a full core
     # 1.5 s of busy loop at 0.2 cores is 0.3 CPU-s; unthrottled it would be 1.5.
     assert ran.result.usage["cpu_s"] - idle.result.usage["cpu_s"] < 0.8
+
+
+def test_every_host_process_of_the_sandbox_is_in_its_cgroup_in_every_controller(
+    run_code: RunCode, gvisor: GVisorRuntime
+) -> None:
+    """runsc is started behind the launch helper's cgroup joins: while the program runs, each
+    host process of the sandbox (the runsc CLI, gofer, sentry) is in all four controllers."""
+    seen: dict[str, set[int]] = {}
+    runsc: dict[int, str] = {}  # host processes naming the sandbox: pid -> executable
+    ready = threading.Event()
+
+    class Watching(RecordingSink):
+        def ready(self) -> None:
+            super().ready()
+            ready.set()
+
+    def look() -> None:
+        if not ready.wait(60):
+            return
+        [sandbox_id] = children(gvisor.cgroup_parent)  # the one sandbox running
+        for controller in CONTROLLERS:
+            procs = Path("/sys/fs/cgroup", controller, gvisor.cgroup_parent, sandbox_id)
+            seen[controller] = {int(p) for p in (procs / "cgroup.procs").read_text().split()}
+        for line in host_processes_mentioning(sandbox_id):
+            pid = int(line.split(":")[0])
+            runsc[pid] = os.readlink(f"/proc/{pid}/exe")
+
+    looker = threading.Thread(target=look)
+    looker.start()
+    ran = run_code("import time; time.sleep(2)", sink=Watching())
+    looker.join()
+    assert ran.result.reason is None, ran.result
+    assert set(seen) == set(CONTROLLERS)
+    pids = seen["pids"]
+    assert all(found == pids for found in seen.values())  # the same processes in each
+    assert runsc and set(runsc) <= pids  # the CLI, gofer, sentry, all inside
+    assert all(exe.endswith("runsc") for exe in runsc.values()), runsc  # the helper exec'd
 
 
 def test_a_runsc_failure_is_runtime_error_and_released(

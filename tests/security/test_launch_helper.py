@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sandcell.runtime.cgroups import CONTROLLERS, CgroupLimits, SandboxCgroup
-from sandcell.runtime.launch import FAILED_EXIT, launch_helper
+from sandcell.runtime.launch import FAILED_EXIT, join_steps, launch_helper
 
 pytestmark = pytest.mark.bwrap
 
@@ -48,7 +48,7 @@ def status(text: str) -> dict[str, str]:
 def test_the_program_runs_in_every_cgroup_within_its_limits_as_its_uid_without_privileges(
     helper: str, cgroup: SandboxCgroup
 ) -> None:
-    joins = [arg for procs in cgroup.procs_files() for arg in ("join", str(procs))]
+    joins = join_steps(cgroup)
     limits = ["nofile", "64", "core", "0", "fsize", str(MiB), "nproc", "40"]
     show = "cat /proc/self/status; echo; cat /proc/self/limits; echo; cat /proc/self/cgroup"
     done = launch(helper, *joins, *limits, "uid", str(UID), program=("/bin/sh", "-c", show))

@@ -37,6 +37,7 @@ from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime.bundle import NOFILE, check_env, ready_wrapper, runs_own_code
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
 from sandcell.runtime.guest_mounts import guest_binds
+from sandcell.runtime.launch import join_steps
 from sandcell.runtime.network import (
     BRIDGE_MEMORY_MB,
     BRIDGE_TASKS,
@@ -155,7 +156,7 @@ def launcher(
     # A backstop: the cgroup's pids.max trips first.
     nproc = limits.pids + _tasks_of_ours(egress_step is not None) + 1
     confine = [
-        *[arg for procs in cgroup.procs_files() for arg in ("join", str(procs))],
+        *join_steps(cgroup),
         *("nofile", str(NOFILE), "core", "0", "fsize", str(limits.disk_mb * MiB)),
         *("nproc", str(nproc)),
         *(("mounts", str(mounts_fd)) if mounts_fd is not None else ()),

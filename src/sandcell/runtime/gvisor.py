@@ -20,6 +20,7 @@ from sandcell.domain.states import Reason
 from sandcell.ports.runtime import SandboxResult, SandboxSink, SandboxSpec
 from sandcell.runtime import cgroups
 from sandcell.runtime.cgroups import CgroupLimits, SandboxCgroup
+from sandcell.runtime.launch import launch_helper
 from sandcell.runtime.reap import reap_cgroups, reap_scratch, remove_parent
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import SandboxRun
@@ -78,6 +79,7 @@ class GVisorRuntime:
             if not probe.remove():
                 raise RuntimeUnavailable(f"cannot remove cgroup {probe.relpath}")
             probe_loop_disk(self.state_dir)
+            launch_helper()  # every sandbox starts behind it (launch.in_cgroup)
             self.version()
         except Exception:
             self.close()  # closed, failing: its directories on the tmpfs and cgroups go too

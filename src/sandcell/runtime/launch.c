@@ -1,4 +1,5 @@
-/* The first step of a bwrap sandbox's launch chain, run as root by the worker (launch.py).
+/* The first step of every sandbox's launch chain, run as root by the worker (launch.py):
+   bwrap's behind every step, runsc's behind the cgroup joins alone.
 
    launch [STEP VALUE]... -- PROGRAM ARG...
 

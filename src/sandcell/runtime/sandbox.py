@@ -41,6 +41,7 @@ from sandcell.runtime.guest_mounts import (
     needs_host_sockets,
     oci_guest_mounts,
 )
+from sandcell.runtime.launch import in_cgroup
 from sandcell.runtime.network import BRIDGE_MEMORY_MB, BRIDGE_TASKS
 from sandcell.runtime.one_shot import EXIT_WAIT_S, OneShotRun
 from sandcell.runtime.reap import left_on_host
@@ -60,9 +61,6 @@ RUNSC_HOST_PROCS = 4
 HOST_TASKS_BASE, HOST_TASKS_PER_GUEST, HOST_TASKS_MAX = 1024, 32, 8192
 # runsc gets a clean environment: nothing of the worker's reaches it or the sandbox.
 RUNSC_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
-# Join every cgroup first, then exec runsc: it never runs outside them (exit 125 otherwise).
-JOIN_SCRIPT = 'while [ "$1" != -- ]; do echo $$ >"$1" || exit 125; shift; done; shift; exec "$@"'
-JOIN_CGROUPS = ["/bin/sh", "-c", JOIN_SCRIPT, "join-cgroups"]
 MiB = 1024 * 1024
 
 
@@ -134,7 +132,7 @@ class SandboxRun(OneShotRun):
             extra=self.forks.runsc_flags(),
         )
         self.forks.start()
-        argv = [*JOIN_CGROUPS, *map(str, self.cgroup.procs_files()), "--", *run]
+        argv = in_cgroup(self.cgroup, run)  # it never runs outside them
         self.launched_at = time.monotonic()
         self.proc = subprocess.Popen(
             argv,

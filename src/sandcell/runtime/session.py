@@ -28,8 +28,9 @@ from sandcell.runtime.cgroups import SandboxCgroup
 from sandcell.runtime.ext4 import ScratchError
 from sandcell.runtime.guest_mounts import ensure_guest_package
 from sandcell.runtime.gvisor import SANDBOX_ID, GVisorRuntime
+from sandcell.runtime.launch import in_cgroup
 from sandcell.runtime.runsc import RunscError
-from sandcell.runtime.sandbox import JOIN_CGROUPS, cgroup_limits
+from sandcell.runtime.sandbox import cgroup_limits
 from sandcell.runtime.session_runsc import CHECKPOINT_FILE, Checkpointer, SessionRunsc
 from sandcell.runtime.session_sandbox import GVisorSession, SessionParts
 from sandcell.runtime.session_volume import VOLUME_NAME, SessionScratch
@@ -137,7 +138,7 @@ class GVisorSessionRuntime:
             sandbox_spec = _prepare(parts, self.base.overhead_mb)
             argv = self._runsc_argv(parts, sandbox_spec, checkpoint)
             launched = time.monotonic()
-            session.launch([*JOIN_CGROUPS, *map(str, parts.cgroup.procs_files()), "--", *argv])
+            session.launch(in_cgroup(parts.cgroup, argv))
             session.await_kernel(restored=checkpoint is not None, timeout_s=START_TIMEOUT_S)
         except (OSError, ScratchError, ValueError, RuntimeUnavailable, RunscError) as exc:
             session.release()

@@ -36,10 +36,10 @@ from sandcell.runtime.hand_over import (
     await_warm,
     stop_runner,
 )
+from sandcell.runtime.launch import in_cgroup
 from sandcell.runtime.reap import left_on_host
 from sandcell.runtime.runsc import Runsc, RunscError
 from sandcell.runtime.sandbox import (
-    JOIN_CGROUPS,
     RUNSC_ENV,
     SandboxRun,
     boot_cpus,
@@ -119,7 +119,7 @@ class WarmFactory:
             extra=warm.forks.runsc_flags(),
         )
         warm.forks.start()
-        argv = [*JOIN_CGROUPS, *map(str, warm.cgroup.procs_files()), "--", *run]
+        argv = in_cgroup(warm.cgroup, run)
         warm.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
