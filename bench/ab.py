@@ -1,11 +1,13 @@
 """Sandcell at another commit beside this checkout: which one is faster, on a VM that drifts.
 
     .venv/bin/python -m bench.ab BASE [--rounds 8] [--jobs 150] [--concurrency 16]
+                                      [--runtime bwrap|gvisor]
 
 BASE is a git revision. It is checked out in a temporary worktree and served with its sources
 first on PYTHONPATH (the same venv and images); this checkout is served beside it. Both run
-the same trivial jobs on the bwrap runtime, in rounds that alternate between the two servers
-(and which goes first), so that the minute-by-minute drift of this VM falls on both alike.
+the same trivial jobs on one runtime (bwrap unless asked), in rounds that alternate between
+the two servers (and which goes first), so that the minute-by-minute drift of this VM falls
+on both alike.
 For each: the rate, the machine's CPU per job and the API's and the worker's own.
 
 A change of a few percent is lost in the drift between two runs of the suite; here it shows.
@@ -36,16 +38,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--jobs", type=int, default=150, help="per server and round")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--runtime", choices=("bwrap", "gvisor"), default="bwrap")
     args = parser.parse_args()
-    print(json.dumps(measure(args.base, args.rounds, args.jobs, args.concurrency), indent=2))
+    measured = measure(args.base, args.rounds, args.jobs, args.concurrency, args.runtime)
+    print(json.dumps(measured, indent=2))
 
 
-def measure(base: str, rounds: int, count: int, concurrency: int) -> dict[str, Any]:
-    env = COLD | {
-        "SANDCELL_RUNTIME": "bwrap",
-        "SANDCELL_ALLOW_WEAK_ISOLATION": "1",
-        "SANDCELL_WORKER_SLOTS": str(concurrency),
-    }
+def measure(
+    base: str, rounds: int, count: int, concurrency: int, runtime: str = "bwrap"
+) -> dict[str, Any]:
+    env = COLD | {"SANDCELL_RUNTIME": runtime, "SANDCELL_WORKER_SLOTS": str(concurrency)}
+    if runtime == "bwrap":
+        env["SANDCELL_ALLOW_WEAK_ISOLATION"] = "1"
     with (
         tempfile.TemporaryDirectory(dir="/var/tmp") as scratch,
         _worktree(base) as sources,
@@ -76,7 +80,7 @@ def measure(base: str, rounds: int, count: int, concurrency: int) -> dict[str, A
                 after = process_cpu_s(str(data[name]))
                 for role in own_cpu[name]:
                     own_cpu[name][role] += after.get(role, 0.0) - before.get(role, 0.0)
-    out: dict[str, Any] = {"base_revision": base, "concurrency": concurrency}
+    out: dict[str, Any] = {"base_revision": base, "runtime": runtime, "concurrency": concurrency}
     out["jobs_per_round"] = count
     for name, done in spent.items():
         out[name] = {
