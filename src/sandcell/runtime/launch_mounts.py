@@ -22,6 +22,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+from sandcell.runtime.reap import mount_points
 from sandcell.runtime.volatile import RUN_ROOT
 
 log = logging.getLogger("sandcell.runtime")
@@ -90,18 +91,13 @@ class LaunchMounts:
         probe.mkdir(mode=0o700, exist_ok=True)
         try:
             _mount_call(_libc.mount(b"tmpfs", os.fsencode(probe), b"tmpfs", 0, b"size=4k"), "probe")
-            shown = _mounted_in(holder_pid, probe)
+            shown = str(probe) in mount_points(holder_pid)
             _mount_call(_libc.umount2(os.fsencode(probe), MNT_DETACH), "probe detach")
-            gone = not _mounted_in(holder_pid, probe)
+            gone = str(probe) not in mount_points(holder_pid)
         finally:
             probe.rmdir()
         if not (shown and gone):
             raise OSError(f"mounts under {self.disks_under} do not reach it")
-
-
-def _mounted_in(pid: int, path: Path) -> bool:
-    lines = Path(f"/proc/{pid}/mountinfo").read_text().splitlines()
-    return any(line.split()[4] == str(path) for line in lines)
 
 
 def _mount_call(result: int, what: str) -> None:

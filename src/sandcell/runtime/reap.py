@@ -65,9 +65,10 @@ def is_mount_point(path: Path) -> bool:
     return os.path.realpath(path) in mount_points()
 
 
-def mount_points() -> list[str]:
-    """Every mount point of this process's mount namespace (mountinfo's fifth field)."""
-    with open("/proc/self/mountinfo") as mountinfo:
+def mount_points(pid: int | str = "self") -> list[str]:
+    """Every mount point of the mount namespace process `pid` is in (mountinfo's fifth
+    field); by default, this process's."""
+    with open(f"/proc/{pid}/mountinfo") as mountinfo:
         return [_unescape(line.split()[4]) for line in mountinfo]
 
 
