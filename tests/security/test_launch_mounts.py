@@ -1,7 +1,6 @@
 """The mount namespace bwrap launches start from (runtime/launch_mounts.py): the host's without
 /sys, and every scratch disk mounted on the host after it was made, as the disk is mounted."""
 
-import ctypes
 import os
 import subprocess
 from pathlib import Path
@@ -11,11 +10,9 @@ import pytest
 from sandcell.runtime.bwrap import BwrapRuntime
 from sandcell.runtime.launch import FAILED_EXIT, launch_helper
 from sandcell.runtime.launch_mounts import LaunchMounts
+from sandcell.runtime.mounts import MNT_DETACH, mount, umount
 
 pytestmark = pytest.mark.bwrap
-
-_libc = ctypes.CDLL(None, use_errno=True)
-MNT_DETACH = 0x2
 
 
 def mount_points_seen(fd: int) -> list[str]:
@@ -42,12 +39,12 @@ def test_launches_see_no_sys_and_each_disk_as_it_is_mounted(bwrap: BwrapRuntime)
     disk = bwrap.sandboxes_dir / "late-disk"  # as a scratch disk made after the namespace
     disk.mkdir(parents=True)
     try:
-        assert _libc.mount(b"tmpfs", os.fsencode(disk), b"tmpfs", 0, b"size=64k") == 0
+        assert mount("tmpfs", disk, b"tmpfs", data=b"size=64k") == 0
         assert str(disk) in mount_points_seen(fd)
-        assert _libc.umount2(os.fsencode(disk), MNT_DETACH) == 0
+        assert umount(disk, MNT_DETACH) == 0
         assert str(disk) not in mount_points_seen(fd)
     finally:
-        _libc.umount2(os.fsencode(disk), MNT_DETACH)  # if an assertion left it mounted
+        umount(disk, MNT_DETACH)  # if an assertion left it mounted
         disk.rmdir()
 
 

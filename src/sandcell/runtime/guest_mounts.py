@@ -13,7 +13,6 @@
 Both mount points are made in the image at build time (a read-only root cannot get new ones).
 """
 
-import ctypes
 import os
 from pathlib import Path
 from typing import Any
@@ -22,15 +21,22 @@ import sandcell.guest
 from sandcell.domain.errors import RuntimeUnavailable
 from sandcell.ports.runtime import GUEST_CHANNEL_DIR, SandboxSpec
 from sandcell.ports.sessions import GUEST_PACKAGE_DIR
+from sandcell.runtime.mounts import (
+    MNT_DETACH,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_RDONLY,
+    MS_REMOUNT,
+    mount,
+    umount,
+)
 from sandcell.runtime.reap import is_mount_point
 from sandcell.runtime.volatile import host_mount_lock
 
 GUEST_SOURCE = Path(sandcell.guest.__file__).parent
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
-MS_REMOUNT, MS_BIND, MNT_DETACH = 0x20, 0x1000, 0x2
 READ_ONLY = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC  # read by Python, never executed
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def ensure_guest_package(rootfs: Path, source: Path = GUEST_SOURCE) -> None:
@@ -74,17 +80,16 @@ def _mount_point(rootfs: Path) -> Path | None:
 def _detach(target: Path, unless: Path | None = None) -> None:
     """Detach what is mounted at `target` (stacked mounts too), unless it is `unless`."""
     while is_mount_point(target) and not (unless and _same_directory(target, unless)):
-        _call(_libc.umount2(os.fsencode(target), MNT_DETACH), f"detach {target}")
+        _checked(umount(target, MNT_DETACH), f"detach {target}")
 
 
 def _bind_read_only(source: Path, target: Path) -> None:
-    src, dest = os.fsencode(source), os.fsencode(target)
-    _call(_libc.mount(src, dest, None, ctypes.c_ulong(MS_BIND), None), f"bind {target}")
-    flags = ctypes.c_ulong(MS_REMOUNT | MS_BIND | READ_ONLY)  # a bind takes flags only so
-    if _libc.mount(None, dest, None, flags, None) != 0:
-        err = ctypes.get_errno()
-        _libc.umount2(dest, MNT_DETACH)  # never left writable
-        _call(-1, f"make {target} read-only", err)
+    _checked(mount(source, target, flags=MS_BIND), f"bind {target}")
+    # A bind takes flags only so, in a second call.
+    err = mount(None, target, flags=MS_REMOUNT | MS_BIND | READ_ONLY)
+    if err:
+        umount(target, MNT_DETACH)  # never left writable
+    _checked(err, f"make {target} read-only")
 
 
 def _same_directory(a: Path, b: Path) -> bool:
@@ -95,10 +100,9 @@ def _same_directory(a: Path, b: Path) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
-def _call(result: int, what: str, err: int | None = None) -> None:
-    if result != 0:
-        reason = os.strerror(err if err is not None else ctypes.get_errno())
-        raise RuntimeUnavailable(f"cannot {what} for the guest package: {reason}")
+def _checked(err: int, what: str) -> None:
+    if err:
+        raise RuntimeUnavailable(f"cannot {what} for the guest package: {os.strerror(err)}")
 
 
 def guest_binds(spec: SandboxSpec) -> list[tuple[Path, str]]:

@@ -15,23 +15,20 @@ sandboxes dir onto itself would do for the disks, but a warm sandbox's channel i
 into it from elsewhere on the tmpfs, and a hard link cannot cross mounts.)
 """
 
-import ctypes
 import logging
 import os
 import subprocess
 import threading
 from pathlib import Path
 
+from sandcell.runtime.mounts import MNT_DETACH, MS_SHARED, mount, umount
 from sandcell.runtime.reap import mount_points
 from sandcell.runtime.volatile import RUN_ROOT
 
 log = logging.getLogger("sandcell.runtime")
-MS_SHARED, MNT_DETACH = 1 << 20, 0x2
 # In a namespace of its own, a slave of the host's: /sys goes (with every mount under it),
 # then it waits with the namespace open until its stdin closes.
 HOLDER = "umount --lazy /sys && echo held && exec cat >/dev/null"
-
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class LaunchMounts:
@@ -62,7 +59,7 @@ class LaunchMounts:
             self._tried = False
 
     def _make(self) -> int:
-        _mount_call(_libc.mount(None, os.fsencode(self.shared), None, MS_SHARED, None), "share")
+        _checked(mount(None, self.shared, flags=MS_SHARED), "share")
         with subprocess.Popen(  # its pipes closed and it waited for on the way out
             ["unshare", "--mount", "--propagation", "slave", "--", "sh", "-c", HOLDER],
             stdin=subprocess.PIPE,
@@ -90,9 +87,9 @@ class LaunchMounts:
         probe = self.disks_under / f".mounts-probe-{os.getpid()}"
         probe.mkdir(mode=0o700, exist_ok=True)
         try:
-            _mount_call(_libc.mount(b"tmpfs", os.fsencode(probe), b"tmpfs", 0, b"size=4k"), "probe")
+            _checked(mount("tmpfs", probe, b"tmpfs", data=b"size=4k"), "probe")
             shown = str(probe) in mount_points(holder_pid)
-            _mount_call(_libc.umount2(os.fsencode(probe), MNT_DETACH), "probe detach")
+            _checked(umount(probe, MNT_DETACH), "probe detach")
             gone = str(probe) not in mount_points(holder_pid)
         finally:
             probe.rmdir()
@@ -100,7 +97,6 @@ class LaunchMounts:
             raise OSError(f"mounts under {self.disks_under} do not reach it")
 
 
-def _mount_call(result: int, what: str) -> None:
-    if result != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+def _checked(err: int, what: str) -> None:
+    if err:
+        raise OSError(err, f"{what}: {os.strerror(err)}")

@@ -20,7 +20,6 @@ runtime's), the disk is a kept one instead, mounted at <sandboxes>/.disk-<hex>/d
 image in <disks>/.disk-<hex>/, and goes back to the shelf at teardown (disk_shelf.py).
 """
 
-import ctypes
 import errno
 import fcntl
 import os
@@ -34,6 +33,7 @@ from sandcell.domain.paths import safe_relative_path
 from sandcell.ports.runtime import InputFile
 from sandcell.runtime.cgroups import read_pseudo_file
 from sandcell.runtime.ext4 import BlankDisks, ScratchError, attach_loop, make_ext4
+from sandcell.runtime.mounts import MNT_DETACH, MS_NOATIME, MS_NODEV, MS_NOSUID, mount, umount
 from sandcell.runtime.settle import settled
 
 if TYPE_CHECKING:
@@ -46,13 +46,11 @@ DISK_DIRS = ("workspace", "output")  # at the disk's root: see `workspace` and `
 # sandbox gives nothing the interpreter does not already have; /output gets noexec in the
 # OCI mount instead (see bundle.py).
 MOUNT_OPTIONS = "nosuid,nodev,noatime"
-MS_NOSUID, MS_NODEV, MS_NOATIME = 0x2, 0x4, 0x400  # the same, as mount(2) flags
-MOUNT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOATIME
+MOUNT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOATIME  # the same, as mount(2) flags
 # A job's disk is thrown away with its sandbox, so nothing on it needs to reach the host's
 # disk. With barriers, its unmount's cache flush (and any fsync inside the job) made the loop
 # device fsync the image file onto the host's disk, a wait on real I/O in every release.
 JOB_DISK_DATA = b"nobarrier"
-MNT_DETACH = 0x2
 LOOP_CLR_FD = 0x4C01
 LOOP_RELEASE_S = 2.0  # how long a detached loop may stay bound to a filesystem being freed
 FULL_SLACK_BYTES = 1024 * 1024  # "full": less than this (or 2%) left, or no inode left
@@ -172,7 +170,8 @@ class Scratch:
         else:
             make_ext4(self.image, disk_mb, top=DISK_DIRS, owner=GUEST_UID)
         self.loop_device = attach_loop(self.image)
-        _checked(_mount(self.loop_device, self.disk), f"mount {self.loop_device}")
+        mounted = mount(self.loop_device, self.disk, b"ext4", MOUNT_FLAGS, JOB_DISK_DATA)
+        _checked(mounted, f"mount {self.loop_device}")
 
     def disk_full(self) -> bool:
         """No free blocks or inodes left for the guest: what ENOSPC looks like from outside."""
@@ -210,9 +209,9 @@ class Scratch:
         # release time, and the release is on the job's path.
         problems: list[str] = []
         if self.is_mounted():
-            _umount(self.disk, 0)
+            umount(self.disk)
         if self.is_mounted():  # something still holds it open: detach it from the tree
-            _note(problems, _umount(self.disk, MNT_DETACH), f"umount --lazy {self.disk}")
+            _note(problems, umount(self.disk, MNT_DETACH), f"umount --lazy {self.disk}")
         if self.loop_device and self._owns_loop():  # loop numbers are reused: only if ours
             _note(problems, _detach_loop(self.loop_device), f"losetup --detach {self.loop_device}")
             # A mount namespace of the sandbox's (the gofer's) may still hold the filesystem:
@@ -292,21 +291,6 @@ def _write_readable(path: Path, data: bytes) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     with os.fdopen(fd, "wb") as out:
         out.write(data)
-
-
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _mount(device: str, target: Path) -> int:
-    """mount(2) of a job's ext4 scratch disk; 0 or the errno."""
-    flags = ctypes.c_ulong(MOUNT_FLAGS)
-    done = _libc.mount(device.encode(), os.fsencode(target), b"ext4", flags, JOB_DISK_DATA)
-    return 0 if done == 0 else ctypes.get_errno()
-
-
-def _umount(target: Path, flags: int) -> int:
-    """umount2(2); 0 or the errno."""
-    return 0 if _libc.umount2(os.fsencode(target), flags) == 0 else ctypes.get_errno()
 
 
 def _detach_loop(device: str) -> int:

@@ -15,7 +15,6 @@ ever written out. What may be large (the disk image, the inputs) stays on the st
 """
 
 import contextlib
-import ctypes
 import fcntl
 import hashlib
 import os
@@ -24,14 +23,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from sandcell.domain.errors import RuntimeUnavailable
+from sandcell.runtime.mounts import MS_NODEV, MS_NOSUID, mount
 
 RUN_ROOT = Path("/run/sandcell")
 HOST_MOUNT_LOCK = RUN_ROOT.parent / f".{RUN_ROOT.name}.lock"
 # Small files only (the big ones stay on disk): the bound is a backstop, not a budget.
 TMPFS_OPTIONS = b"mode=0711,size=1g"
-MS_NOSUID, MS_NODEV = 0x2, 0x4
 
-_libc = ctypes.CDLL(None, use_errno=True)
 _mounted: set[Path] = set()  # roots this process has seen mounted
 
 
@@ -54,10 +52,9 @@ def ensure_tmpfs(root: Path = RUN_ROOT) -> None:
     with host_mount_lock(root.parent / f".{root.name}.lock"):
         if not os.path.ismount(root):
             root.mkdir(mode=0o711, exist_ok=True)
-            flags = ctypes.c_ulong(MS_NOSUID | MS_NODEV)
-            if _libc.mount(b"tmpfs", os.fsencode(root), b"tmpfs", flags, TMPFS_OPTIONS) != 0:
-                reason = os.strerror(ctypes.get_errno())
-                raise RuntimeUnavailable(f"cannot mount a tmpfs at {root}: {reason}")
+            err = mount("tmpfs", root, b"tmpfs", MS_NOSUID | MS_NODEV, TMPFS_OPTIONS)
+            if err:
+                raise RuntimeUnavailable(f"cannot mount a tmpfs at {root}: {os.strerror(err)}")
     _mounted.add(root)
 
 
