@@ -289,17 +289,58 @@ def contract_runsc_launcher(image: Image) -> Iterator[Callable[[], None]]:
 
 
 def pss_mib(marker: str) -> tuple[float, int]:
-    """Proportional set size (MiB) of every process whose command line contains `marker`,
-    and how many there were. PSS splits shared pages fairly, so sums do not double count."""
-    total, found = 0, 0
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    """Proportional set size (MiB) of every process whose command line contains `marker` and
+    of every descendant of one, and how many processes there were. The descendants count:
+    under gVisor's ptrace platform the sandboxed program runs in stub processes the sentry
+    forks, with an empty command line, and its memory is mapped there. PSS splits shared pages
+    fairly (the sentry maps the same memory file as its stubs), so sums do not double count."""
+    children: dict[int, list[int]] = {}
+    named = []
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-            if marker.encode() not in cmdline:
-                continue
+            parent = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        except OSError:  # gone meanwhile
+            continue
+        children.setdefault(parent, []).append(pid)
+        if marker.encode() in cmdline:
+            named.append(pid)
+    total, found, seen = 0, 0, set()
+    while named:
+        pid = named.pop()
+        if pid in seen:
+            continue
+        seen.add(pid)
+        named += children.get(pid, [])
+        try:
             rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
         except OSError:  # gone meanwhile, or a kernel thread
             continue
         found += 1
         total += next(int(line.split()[1]) for line in rollup.splitlines() if line[:4] == "Pss:")
     return round(total * 1024 / MiB, 1), found
+
+
+# What the interpreter alone holds once `MODULES` are imported: what no sandbox could share.
+INTERPRETER_MEMORY = """
+import gc, importlib, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+gc.collect()
+rollup = dict(line.split(":") for line in list(open("/proc/self/smaps_rollup"))[1:])
+print(*(int(rollup[key].split()[0]) for key in ("Rss", "Pss_Anon")))
+"""
+
+
+def interpreter_alone_mib(rootfs: Path, modules: tuple[str, ...]) -> dict[str, float]:
+    """The image's python with `modules` imported, outside any sandbox but for a raw bwrap
+    over the image root (it has the modules; the host may not): its RSS, and of that its
+    private anonymous memory, which no sandbox of any kind could share or leave out."""
+    argv = [
+        *("bwrap", "--unshare-all", "--unshare-user", "--die-with-parent"),
+        *("--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"),
+        *("--setenv", "MPLCONFIGDIR", "/tmp", PYTHON, "-c", INTERPRETER_MEMORY, *modules),
+    ]
+    done = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=120)
+    rss_kib, anon_kib = map(int, done.stdout.split())
+    return {"rss_mib": round(rss_kib / 1024, 1), "anonymous_mib": round(anon_kib / 1024, 1)}

@@ -4,7 +4,8 @@
     .venv/bin/python -m bench.suite  (the same)
 
 Baselines are measured in this run, on this machine: bare `python3.11 -c 'print(1)'`, a cold
-`runsc run` and a raw `bwrap` over the same image root. Each case starts its own `sandcell serve`
+`runsc run` and a raw `bwrap` over the same image root; for memory, the image's interpreter
+with the pool's imports done, outside any sandbox. Each case starts its own `sandcell serve`
 (SQLite, scratch data dir): with SANDCELL_POOL_SIZE empty for cold sandboxes, and with a warm
 pool for the pooled cases. Medians and p90s; ratios are medians over the baseline's median
 (throughput: rate over the raw tool's rate at the same concurrency). The report goes to stdout
@@ -30,6 +31,7 @@ from bench._baselines import (
     bare_python_printing,
     busy_cpu_s,
     contract_runsc_launcher,
+    interpreter_alone_mib,
     isolated_bwrap_launcher,
     process_cpu_s,
     pss_mib,
@@ -42,6 +44,7 @@ from bench._baselines import (
 from bench._server import IMAGE_DIR, UNLIMITED, server, tenant_client, worker_client
 from bench.targets import print_verdicts
 from sandcell.runtime.images import FilesystemImageCatalog
+from sandcell.runtime.pool import PRELOADS
 from sandcell.runtime.volatile import volatile_dir
 from sandcell.settings import Settings
 
@@ -413,13 +416,21 @@ def memory(plan: Plan, base: dict[str, Any]) -> dict[str, Any]:
         return {"pooled": "no warm pool in this build: nothing to measure"}
     result: dict[str, Any] = {}
     images = ("python",) if plan.quick else ("python", "python-data")
+    catalog = FilesystemImageCatalog(IMAGE_DIR)
     for image in images:
         env = UNLIMITED | {"SANDCELL_POOL_SIZE": f"{image}=2", "SANDCELL_POOL_MEMORY_MB": "2048"}
         with scratch_dir() as scratch, server(scratch / image, env) as url:
             with tenant_client(url) as http:
                 _wait_for_pool(http, "jobs", image, count=2)
             time.sleep(2)  # settle
-            result[f"idle_pooled_{image}_pss_mib"] = _per_sandbox(scratch / image / "sandboxes")
+            pooled = _per_sandbox(scratch / image / "sandboxes")
+        # The baseline: the same interpreter with the pool's imports done, and no sandbox.
+        alone = interpreter_alone_mib(catalog.get(image).rootfs, PRELOADS.get(image, ()))
+        result[f"idle_pooled_{image}_pss_mib"] = pooled
+        result[f"interpreter_alone_{image}"] = alone
+        result[f"idle_pooled_{image}_vs_interpreter"] = ratio(
+            pooled["per_sandbox_mib"], alone["rss_mib"]
+        )
     return result
 
 

@@ -35,3 +35,18 @@ def test_a_figure_that_is_not_a_number_is_not_measured() -> None:
     found = by_target(report)
     assert found["pooled print(1), submit -> completed <= 2 x python"][1] == "not measured"
     assert found["CSV -> chart from the pool <= 600 ms"][1] == "not measured"
+
+
+def test_a_miss_whose_baseline_alone_is_past_the_limit_is_out_of_reach() -> None:
+    memory = {
+        "idle_pooled_python_pss_mib": {"per_sandbox_mib": 64.0},
+        "interpreter_alone_python": {"rss_mib": 8.0, "anonymous_mib": 2.7},
+        "idle_pooled_python-data_pss_mib": {"per_sandbox_mib": 106.0},
+        "interpreter_alone_python-data": {"rss_mib": 86.5, "anonymous_mib": 57.9},  # 60.71 MB
+    }
+    found = by_target({"memory": memory})
+    assert found["idle pooled python sandbox (PSS) <= 60 MB"] == ("67.11 MB", "missed")
+    assert found["idle pooled python-data sandbox (PSS) <= 60 MB"] == (
+        "111.15 MB",
+        "out of reach (its baseline alone: 60.71 MB)",
+    )
