@@ -43,6 +43,21 @@ def test_bench_quick_measures_trivial_jobs_against_baselines(tmp_path: Path) -> 
     assert "section_s" in trivial and "chart" not in report
 
 
+def test_bench_quick_sets_a_pooled_sandboxs_memory_beside_its_interpreter_alone() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: runsc")
+    report = _bench_report("bench.suite", ["--quick", "--only", "memory"])
+    if report["pool"] != "available":
+        pytest.skip("no warm pool in this build")
+    memory = report["memory"]
+    pooled, alone = memory["idle_pooled_python_pss_mib"], memory["interpreter_alone_python"]
+    assert pooled["sandboxes"] == 2
+    # A python holds a few MiB of its own; a sandbox (sentry, gofer, stubs) several times that.
+    assert 0 < alone["anonymous_mib"] < alone["rss_mib"] < pooled["per_sandbox_mib"]
+    expected = round(pooled["per_sandbox_mib"] / alone["rss_mib"], 2)
+    assert memory["idle_pooled_python_vs_interpreter"] == expected
+
+
 def test_the_least_service_runs_beside_the_floor_and_sandcell() -> None:
     """`bench.lower_bound`: every way runs its jobs (a failed one raises) and is reported."""
     if os.geteuid() != 0:
