@@ -102,12 +102,18 @@ def process_cpu_s(marker: str) -> dict[str, float]:
                 or marker.encode() not in Path(f"/proc/{pid}/environ").read_bytes()
             ):
                 continue
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = _stat_fields(pid)
         except OSError:
             continue
         role = "worker" if b"worker" in argv else "api"
         found[role] = found.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / HZ
     return found
+
+
+def _stat_fields(pid: int | str) -> list[str]:
+    """/proc/PID/stat's fields after the command name (which may hold spaces and parens):
+    [0] the state, [1] the parent's pid, [11] and [12] user and system CPU in ticks."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def bare_python(runs: int) -> list[float]:
@@ -153,14 +159,18 @@ def cold_runsc(rootfs: Path, runs: int) -> list[float]:
         return timed(once, runs)
 
 
-def raw_bwrap_once(rootfs: Path) -> Callable[[], None]:
-    """One raw `bwrap` over the image (sandcell's namespaces; none of its volume, cgroups,
-    seccomp or uid switch), printing 1."""
-    argv = [
+def raw_bwrap(rootfs: Path) -> list[str]:
+    """A raw `bwrap` over the image root (sandcell's namespaces; none of its volume, cgroups,
+    seccomp or uid switch), before its own options and the program."""
+    return [
         *("bwrap", "--unshare-all", "--unshare-user", "--die-with-parent"),
         *("--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev"),
-        *(PYTHON, "-c", "print(1)"),
     ]
+
+
+def raw_bwrap_once(rootfs: Path) -> Callable[[], None]:
+    """One raw `bwrap` over the image, printing 1."""
+    argv = [*raw_bwrap(rootfs), PYTHON, "-c", "print(1)"]
     return lambda: subprocess.run(argv, check=True, capture_output=True) and None
 
 
@@ -299,7 +309,7 @@ def pss_mib(marker: str) -> tuple[float, int]:
     for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-            parent = int(Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+            parent = int(_stat_fields(pid)[1])
         except OSError:  # gone meanwhile
             continue
         children.setdefault(parent, []).append(pid)
@@ -321,7 +331,7 @@ def pss_mib(marker: str) -> tuple[float, int]:
     return round(total * 1024 / MiB, 1), found
 
 
-# What the interpreter alone holds once `MODULES` are imported: what no sandbox could share.
+# What the interpreter alone holds once the modules named in its arguments are imported.
 INTERPRETER_MEMORY = """
 import gc, importlib, sys
 for name in sys.argv[1:]:
@@ -337,9 +347,9 @@ def interpreter_alone_mib(rootfs: Path, modules: tuple[str, ...]) -> dict[str, f
     over the image root (it has the modules; the host may not): its RSS, and of that its
     private anonymous memory, which no sandbox of any kind could share or leave out."""
     argv = [
-        *("bwrap", "--unshare-all", "--unshare-user", "--die-with-parent"),
-        *("--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"),
-        *("--setenv", "MPLCONFIGDIR", "/tmp", PYTHON, "-c", INTERPRETER_MEMORY, *modules),
+        *raw_bwrap(rootfs),
+        *("--tmpfs", "/tmp", "--setenv", "MPLCONFIGDIR", "/tmp"),
+        *(PYTHON, "-c", INTERPRETER_MEMORY, *modules),
     ]
     done = subprocess.run(argv, check=True, capture_output=True, text=True, timeout=120)
     rss_kib, anon_kib = map(int, done.stdout.split())

@@ -107,14 +107,16 @@ def verdicts(report: dict[str, Any]) -> list[tuple[str, str, str]]:
 
 
 def _verdict(report: dict[str, Any], target: Target, scaled: float) -> str:
-    if (scaled >= target.limit) if target.at_least else (scaled <= target.limit):
+    if _within(target, scaled):
         return "met"
     floor = figure(report, target.floor) if target.floor else None
-    if floor is not None:
-        beyond = target.scale(floor)
-        if (beyond < target.limit) if target.at_least else (beyond > target.limit):
-            return f"out of reach (its baseline alone: {beyond:.2f} {target.unit})"
+    if floor is not None and not _within(target, target.scale(floor)):
+        return f"out of reach (its baseline alone: {target.scale(floor):.2f} {target.unit})"
     return "missed"
+
+
+def _within(target: Target, scaled: float) -> bool:
+    return scaled >= target.limit if target.at_least else scaled <= target.limit
 
 
 def print_verdicts(report: dict[str, Any]) -> None:
