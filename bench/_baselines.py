@@ -107,7 +107,16 @@ def process_cpu_s(marker: str) -> dict[str, float]:
             continue
         role = "worker" if b"worker" in argv else "api"
         found[role] = found.get(role, 0.0) + (int(fields[11]) + int(fields[12])) / HZ
+    if not found:
+        raise LookupError(f"no sandcell process runs with {marker} in its environment")
     return found
+
+
+def cpu_spent_s(before: dict[str, float], marker: str) -> dict[str, float]:
+    """CPU seconds each role found now has spent since `before` (a `process_cpu_s`). The
+    kernel counts in clock ticks (10 ms): a few jobs may fall short of one."""
+    after = process_cpu_s(marker)
+    return {role: after[role] - before.get(role, 0.0) for role in sorted(after)}
 
 
 def _stat_fields(pid: int | str) -> list[str]:
@@ -171,7 +180,11 @@ def raw_bwrap(rootfs: Path) -> list[str]:
 def raw_bwrap_once(rootfs: Path) -> Callable[[], None]:
     """One raw `bwrap` over the image, printing 1."""
     argv = [*raw_bwrap(rootfs), PYTHON, "-c", "print(1)"]
-    return lambda: subprocess.run(argv, check=True, capture_output=True) and None
+
+    def once() -> None:
+        subprocess.run(argv, check=True, capture_output=True)
+
+    return once
 
 
 FLOOR_ENV = {"PATH": "/usr/bin:/bin"}

@@ -18,13 +18,14 @@ import argparse
 import json
 import subprocess
 import tempfile
+from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from bench import _http as jobs
-from bench._baselines import process_cpu_s
+from bench._baselines import cpu_spent_s, process_cpu_s
 from bench._server import server, tenant_client
 from bench.suite import COLD, TRIVIAL, Spent, ratio, ratios_by_round
 
@@ -68,7 +69,7 @@ def measure(
             for name, http in clients.items()
         }
         spent = {name: Spent() for name in clients}
-        own_cpu = {name: dict.fromkeys(("api", "worker"), 0.0) for name in clients}
+        own_cpu = {name: defaultdict[str, float](float) for name in clients}
         for run in runs.values():
             for _ in range(WARM_JOBS):
                 run()
@@ -77,9 +78,8 @@ def measure(
             for name in order:
                 before = process_cpu_s(str(data[name]))
                 spent[name].add(runs[name], count, concurrency)
-                after = process_cpu_s(str(data[name]))
-                for role in own_cpu[name]:
-                    own_cpu[name][role] += after.get(role, 0.0) - before.get(role, 0.0)
+                for role, s in cpu_spent_s(before, str(data[name])).items():
+                    own_cpu[name][role] += s
     out: dict[str, Any] = {"base_revision": base, "runtime": runtime, "concurrency": concurrency}
     out["jobs_per_round"] = count
     for name, done in spent.items():

@@ -31,6 +31,7 @@ from bench._baselines import (
     bare_python_printing,
     busy_cpu_s,
     contract_runsc_launcher,
+    cpu_spent_s,
     interpreter_alone_mib,
     isolated_bwrap_launcher,
     process_cpu_s,
@@ -262,7 +263,7 @@ def _round_trip(plan: Plan, http: Any, data_dir: Path, sid: str) -> dict[str, An
             via_api += timed(cell, 1)
             straight += timed(direct, 1)
             straight_lean += timed(lean, 1)
-    out = {"execute_1+1": summary(via_api), "kernel_1+1": summary(kernel_ms)}
+    out: dict[str, Any] = {"execute_1+1": summary(via_api), "kernel_1+1": summary(kernel_ms)}
     out["direct_1+1"] = summary(straight)
     out["direct_1+1_stdlib_client"] = summary(straight_lean)
     # Printing 10,000 lines: the cell over HTTP, and a bare python doing it into a pipe.
@@ -342,7 +343,7 @@ def _throughput(
                 ours.add(job, share, c)
                 theirs.add(raw_once, share, c)
                 floor.add(floor_once, share, c)
-            service = _spent(service_before, scratch / runtime)
+            service = cpu_spent_s(service_before, str(scratch / runtime))
             out[f"c{c}"] = {
                 "jobs_per_s": ours.rate(),
                 "raw_per_s": theirs.rate(),
@@ -354,7 +355,10 @@ def _throughput(
                 "cpu_ms_per_job": ours.cpu_ms_per_action(),
                 "client_cpu_ms_per_job": ours.client_cpu_ms_per_action(),
                 "raw_cpu_ms_per_start": theirs.cpu_ms_per_action(),
-                **{f"{role}_cpu_ms_per_job": round(s / ours.done * 1000, 1) for role, s in service},
+                **{
+                    f"{role}_cpu_ms_per_job": round(s / ours.done * 1000, 1)
+                    for role, s in service.items()
+                },
                 "floor_per_s": floor.rate(),
                 "floor_cpu_ms_per_start": floor.cpu_ms_per_action(),
                 "floor_vs_raw": ratio(floor.rate(), theirs.rate()),
@@ -394,11 +398,6 @@ class Spent:
 def ratios_by_round(ours: Spent, theirs: Spent) -> list[float]:
     """Each round's ratio: their spread shows how far this VM's drift moves the overall one."""
     return [ratio(a, b) for a, b in zip(ours.round_rates, theirs.round_rates, strict=True)]
-
-
-def _spent(before: dict[str, float], data_dir: Path) -> list[tuple[str, float]]:
-    after = process_cpu_s(str(data_dir))
-    return [(role, after[role] - before.get(role, 0.0)) for role in sorted(after)]
 
 
 def _egress_probe(http: Any) -> str:

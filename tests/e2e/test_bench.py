@@ -83,7 +83,10 @@ def test_two_commits_side_by_side_run_alternating_rounds() -> None:
     assert report["base_revision"] == "HEAD" and len(report["head_vs_base_by_round"]) == 2
     for side in ("base", "head"):
         assert len(report[side]["rate_by_round"]) == 2, report
-        assert report[side]["api_cpu_ms_per_job"] > 0 and report[side]["worker_cpu_ms_per_job"] > 0
+        # A role is reported only when its process was found (none found fails the bench).
+        # Its CPU is counted in 10 ms ticks, over only eight jobs here.
+        for role in ("api", "worker"):
+            assert report[side][f"{role}_cpu_ms_per_job"] >= 0, report
 
 
 def test_a_jobs_first_process_is_measured_three_ways_against_a_bare_script() -> None:
