@@ -23,6 +23,7 @@ from sandcell.domain.images import Image
 from sandcell.domain.limits import Limits
 from sandcell.ports.runtime import InputFile, Runtime, SandboxSpec
 from sandcell.runtime.gvisor import GVisorRuntime
+from sandcell.runtime.hand_over import WarmSandbox
 from sandcell.runtime.images import FilesystemImageCatalog
 from sandcell.runtime.pool import PoolConfig, WarmPool
 from sandcell.runtime.pooled import PooledRuntime, warm_factory
@@ -64,7 +65,11 @@ def write_csv(directory: Path) -> Path:
 
 
 def timed_runs(
-    runtime: Runtime, spec: SandboxSpec, runs: int, pool: WarmPool | None, expect: bytes
+    runtime: Runtime,
+    spec: SandboxSpec,
+    runs: int,
+    pool: WarmPool[WarmSandbox] | None,
+    expect: bytes,
 ) -> list[float]:
     ids = count()
     samples = []
@@ -82,7 +87,7 @@ def timed_runs(
     return samples[1:]
 
 
-def wait_ready(pool: WarmPool, name: str, timeout_s: float = 120.0) -> float:
+def wait_ready(pool: WarmPool[WarmSandbox], name: str, timeout_s: float = 120.0) -> float:
     started = time.monotonic()
     while pool.ready_count(name) < 1:
         if time.monotonic() - started > timeout_s:
@@ -91,7 +96,7 @@ def wait_ready(pool: WarmPool, name: str, timeout_s: float = 120.0) -> float:
     return time.monotonic() - started
 
 
-def idle_memory_mb(pool: WarmPool, name: str) -> float:
+def idle_memory_mb(pool: WarmPool[WarmSandbox], name: str) -> float:
     wait_ready(pool, name)
     time.sleep(1.0)  # let the boot's transient memory settle
     return round(pool.memory_bytes() / MiB, 1)

@@ -30,8 +30,8 @@ TERMINAL = ("completed", "failed", "cancelled")
 
 def _batch(http: httpx.Client, jobs: int) -> dict[str, Any]:
     """Submit `jobs` at once; wait for all; jobs/s between first accept and last finish."""
-    submit = lambda: http.post("/v1/jobs", json={"code": "print(1)"}).raise_for_status()  # noqa: E731
-    ids = [submit().json()["id"] for _ in range(jobs)]
+    submitted = [http.post("/v1/jobs", json={"code": "print(1)"}) for _ in range(jobs)]
+    ids = [response.raise_for_status().json()["id"] for response in submitted]
     records = wait_for(lambda: _all_terminal(http, ids), lambda: "batch stuck", 600)
     assert all(r["state"] == "completed" for r in records), [r["reason"] for r in records]
     accepted = min(_at(r["accepted_at"]) for r in records)

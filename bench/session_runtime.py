@@ -13,6 +13,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +86,7 @@ def _pause_resume(bench: Bench, cycles: int) -> dict[str, Any]:
     memory = _idle_memory(session)
     pauses, resumes, sizes = [], [], []
     for _ in range(cycles):
-        pauses.append(_ms(lambda s=session: _require(s.pause())))
+        pauses.append(_ms(partial(_pause, session)))
         sizes.append((state_dir / CHECKPOINT_DIR / CHECKPOINT_FILE).stat().st_size / MiB)
         started = time.perf_counter()
         session = bench.runtime.resume(bench.spec(state_dir))
@@ -106,6 +107,10 @@ def _ms(action: Callable[[], object]) -> float:
     started = time.perf_counter()
     action()
     return (time.perf_counter() - started) * 1000
+
+
+def _pause(session: GVisorSession) -> None:
+    _require(session.pause())
 
 
 def _require(ok: object) -> None:

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -129,10 +130,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, pki: TestPKI) -> Iterator[S
         yield running
 
 
-def run_job(server: Server, headers: dict[str, str], body: dict, timeout: float = 60) -> dict:
+def run_job(
+    server: Server, headers: dict[str, str], body: dict[str, Any], timeout: float = 60
+) -> dict[str, Any]:
     """Submit over HTTP and wait for the terminal record with one long-poll request at a time."""
     with httpx.Client(base_url=server.url, headers=headers, timeout=timeout + 30) as http:
-        job = http.post("/v1/jobs", json=body).raise_for_status().json()
+        job: dict[str, Any] = http.post("/v1/jobs", json=body).raise_for_status().json()
         deadline = time.monotonic() + timeout
         while job["state"] not in ("completed", "failed", "cancelled"):
             assert time.monotonic() < deadline, job
@@ -140,7 +143,9 @@ def run_job(server: Server, headers: dict[str, str], body: dict, timeout: float 
         return job
 
 
-def once_released(server: Server, headers: dict[str, str], job: dict, timeout: float = 10) -> dict:
+def once_released(
+    server: Server, headers: dict[str, str], job: dict[str, Any], timeout: float = 10
+) -> dict[str, Any]:
     """The terminal record once it says the sandbox's release was verified (`usage.released`
     1): a pooled job that exits cleanly is reported a few ms before that."""
     with httpx.Client(base_url=server.url, headers=headers) as http:
