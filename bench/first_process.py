@@ -30,10 +30,11 @@ from sandcell.ports.runtime import SandboxSpec
 from sandcell.runtime.bundle import MAIN, program
 from sandcell.runtime.bwrap_run import command
 from sandcell.runtime.images import FilesystemImageCatalog
+from sandcell.runtime.mounts import MS_BIND, MS_PRIVATE, MS_REC, mount
 from sandcell.services.worker import BASE_ENV
 
-CLONE_NEWNS, MS_BIND, MS_REC, MS_PRIVATE = 0x20000, 0x1000, 0x4000, 0x40000
-_libc = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWNS = 0x20000
+_libc = ctypes.CDLL(None, use_errno=True)  # for unshare(2), which Python 3.11's os lacks
 
 
 def main() -> None:
@@ -51,7 +52,7 @@ def measure(runs: int) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as job:
         Path(job, "main.py").write_text("print(1)\n")
         _own_mount_namespace()
-        _call(_libc.mount(job.encode(), str(image.rootfs / "job").encode(), None, MS_BIND, None))
+        _checked(mount(job, image.rootfs / "job", flags=MS_BIND))
         for _ in range(runs + 1):  # the first round: page cache
             for way, argv in ways.items():
                 cpu_ms[way].append(_start_cpu_ms(image.rootfs, argv, spec.env))
@@ -69,8 +70,8 @@ def measure(runs: int) -> dict[str, object]:
 
 def _own_mount_namespace() -> None:
     """A mount namespace of this process's own, whose mounts the host never sees."""
-    _call(_libc.unshare(CLONE_NEWNS))
-    _call(_libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None))
+    _checked(0 if _libc.unshare(CLONE_NEWNS) == 0 else ctypes.get_errno())
+    _checked(mount("none", Path("/"), flags=MS_REC | MS_PRIVATE))
 
 
 def _start_cpu_ms(root: Path, argv: list[str], env: dict[str, str]) -> float:
@@ -90,10 +91,9 @@ def _start_cpu_ms(root: Path, argv: list[str], env: dict[str, str]) -> float:
     return (usage.ru_utime + usage.ru_stime) * 1000
 
 
-def _call(result: int) -> None:
-    if result != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, os.strerror(errno))
+def _checked(err: int) -> None:
+    if err:
+        raise OSError(err, os.strerror(err))
 
 
 if __name__ == "__main__":

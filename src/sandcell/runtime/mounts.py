@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
-MS_REMOUNT, MS_NOATIME, MS_BIND, MS_SHARED = 0x20, 0x400, 0x1000, 1 << 20
+MS_REMOUNT, MS_NOATIME, MS_BIND, MS_REC = 0x20, 0x400, 0x1000, 0x4000
+MS_PRIVATE, MS_SHARED = 1 << 18, 1 << 20
 MNT_DETACH = 0x2
 
 _libc = ctypes.CDLL(None, use_errno=True)
