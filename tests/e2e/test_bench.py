@@ -81,12 +81,14 @@ def test_two_commits_side_by_side_run_alternating_rounds() -> None:
     argv = ["HEAD", "--rounds", "2", "--jobs", "4", "--concurrency", "2"]
     report = _bench_report("bench.ab", argv)
     assert report["base_revision"] == "HEAD" and len(report["head_vs_base_by_round"]) == 2
+    own_cpu = []
     for side in ("base", "head"):
         assert len(report[side]["rate_by_round"]) == 2, report
         # A role is reported only when its process was found (none found fails the bench).
-        # Its CPU is counted in 10 ms ticks, over only eight jobs here.
-        for role in ("api", "worker"):
-            assert report[side][f"{role}_cpu_ms_per_job"] >= 0, report
+        # Its CPU is counted in 10 ms ticks, over only eight jobs a side here, so one role
+        # of one side may read 0; the four together (12-18 ticks in 8 runs here) may not.
+        own_cpu += [report[side][f"{role}_cpu_ms_per_job"] for role in ("api", "worker")]
+    assert min(own_cpu) >= 0 and sum(own_cpu) > 0, report
 
 
 def test_a_jobs_first_process_is_measured_three_ways_against_a_bare_script() -> None:
